@@ -1,0 +1,47 @@
+"""Small building blocks shared by the attention and FFN modules: RMSNorm and a SwiGLU MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose single-row case runs as a matrix-vector product.
+
+    A decode step multiplies one token's row by every weight; on CPU ``torch.mv`` reads a bf16
+    weight at close to memory bandwidth where the general matmul does not.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 2 and x.shape[0] == 1 and self.bias is None:
+            return torch.mv(self.weight, x[0])[None]
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in fp32 and returned in the input dtype."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)): the dense FFN, each routed expert and the shared experts."""
+
+    def __init__(self, dim: int, hidden: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_proj = Linear(dim, hidden, bias=False, dtype=dtype)
+        self.up_proj = Linear(dim, hidden, bias=False, dtype=dtype)
+        self.down_proj = Linear(hidden, dim, bias=False, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:  # x: [T, dim] -> [T, dim]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

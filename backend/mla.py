@@ -1,0 +1,210 @@
+"""Multi-head latent attention over the paged latent cache.
+
+Per token the layer caches one latent row [c_kv (kv_lora_rank) | k_pe (qk_rope_head_dim)]:
+``kv_a_layernorm`` is applied to c_kv and RoPE to k_pe before caching. A sequence that brings
+several new tokens (a prefill chunk, possibly after earlier context) attends in the expanded
+form: c_kv goes through ``kv_b_proj`` into per-head K_nope and V. Single-token decode attends in
+the weight-absorbed form: W_UK folds into the query and W_UV into the output, so attention is
+multi-query over the 576-wide latent with a 512-wide value. Both forms are pure functions of
+tensors (``attention_expanded``, ``attention_absorbed``) so a GPU kernel can replace either.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from backend.cache import ForwardBatch, PagedLatentCache
+from backend.config import ModelConfig
+from backend.layers import Linear, RMSNorm
+from backend.rope import apply_rotary
+
+
+def attention_expanded(
+    q_nope: Tensor,
+    q_pe: Tensor,
+    latents: Tensor,
+    kv_b_weight: Tensor,
+    kv_lora_rank: int,
+    v_head_dim: int,
+    scale: float,
+) -> Tensor:
+    """Causal attention of the last Q new tokens over L cached tokens of one sequence.
+
+    q_nope [Q, H, nope], q_pe [Q, H, rope] (rotated), latents [L, kv_lora_rank + rope] with the
+    Q new tokens last, kv_b_weight [H * (nope + v), kv_lora_rank]. Returns [Q, H, v].
+    """
+    num_q, num_heads, nope = q_nope.shape
+    length = latents.shape[0]
+    c_kv, k_pe = latents[:, :kv_lora_rank], latents[:, kv_lora_rank:]
+    kv = F.linear(c_kv, kv_b_weight).view(length, num_heads, nope + v_head_dim)
+    k_nope, value = kv.split([nope, v_head_dim], dim=-1)
+    key = torch.cat((k_nope, k_pe[:, None, :].expand(-1, num_heads, -1)), dim=-1)
+    query = torch.cat((q_nope, q_pe), dim=-1)
+    if num_q == length:
+        mask = None
+    else:
+        query_pos = torch.arange(length - num_q, length, device=latents.device)
+        mask = torch.arange(length, device=latents.device)[None, :] <= query_pos[:, None]
+    # SDPA's fused CPU kernel needs 4-D inputs [1, H, len, dim] and value as wide as the key.
+    padded_value = F.pad(value, (0, key.shape[-1] - v_head_dim))
+    out = F.scaled_dot_product_attention(
+        query.transpose(0, 1)[None],
+        key.transpose(0, 1)[None],
+        padded_value.transpose(0, 1)[None],
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+    )
+    return out[0].transpose(0, 1)[..., :v_head_dim]
+
+
+def attention_absorbed(
+    q_nope: Tensor,
+    q_pe: Tensor,
+    latents: Tensor,
+    valid: Tensor,
+    w_uk: Tensor,
+    w_uv: Tensor,
+    scale: float,
+) -> Tensor:
+    """One new token per sequence attending over its padded cached latents.
+
+    q_nope [S, H, nope], q_pe [S, H, rope], latents [S, L, kv_lora_rank + rope], valid [S, L]
+    bool, w_uk [H, nope, kv_lora_rank], w_uv [H, v, kv_lora_rank]. Returns [S, H, v] in the
+    query's dtype. Computed in fp32: reference numerics, and on CPU faster than bf16 batched
+    matmuls whose shape (the context length) changes every step.
+    """
+    out_dtype = q_nope.dtype
+    q_nope, q_pe, latents = q_nope.float(), q_pe.float(), latents.float()
+    kv_lora_rank = w_uk.shape[-1]
+    q_latent = torch.einsum("shn,hnr->shr", q_nope, w_uk.float())  # [S, H, kv_lora_rank]
+    query = torch.cat((q_latent, q_pe), dim=-1)  # [S, H, latent_dim]
+    scores = torch.bmm(query, latents.transpose(1, 2)) * scale  # [S, H, L]
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    out_latent = torch.bmm(scores.softmax(dim=-1), latents[:, :, :kv_lora_rank])
+    return torch.einsum("shr,hvr->shv", out_latent, w_uv.float()).to(out_dtype)
+
+
+class MLA(nn.Module):
+    """Attention block; parameter names follow the HF checkpoint (``self_attn.*``)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        mla = config.mla
+        self.num_heads = mla.num_heads
+        self.kv_lora_rank = mla.kv_lora_rank
+        self.qk_nope_head_dim = mla.qk_nope_head_dim
+        self.qk_rope_head_dim = mla.qk_rope_head_dim
+        self.v_head_dim = mla.v_head_dim
+        self.scale = config.softmax_scale
+        hidden, bias = config.hidden_size, mla.attention_bias
+        q_out = mla.num_heads * mla.qk_head_dim
+        self.q_proj: Linear | None = None
+        self.q_a_proj: Linear | None = None
+        self.q_a_layernorm: RMSNorm | None = None
+        self.q_b_proj: Linear | None = None
+        if mla.q_lora_rank is None:
+            self.q_proj = Linear(hidden, q_out, bias=False, dtype=dtype)
+        else:
+            self.q_a_proj = Linear(hidden, mla.q_lora_rank, bias=bias, dtype=dtype)
+            self.q_a_layernorm = RMSNorm(mla.q_lora_rank, config.rms_norm_eps, dtype)
+            self.q_b_proj = Linear(mla.q_lora_rank, q_out, bias=False, dtype=dtype)
+        self.kv_a_proj_with_mqa = Linear(hidden, mla.latent_dim, bias=bias, dtype=dtype)
+        self.kv_a_layernorm = RMSNorm(mla.kv_lora_rank, config.rms_norm_eps, dtype)
+        kv_b_out = mla.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+        self.kv_b_proj = Linear(mla.kv_lora_rank, kv_b_out, bias=False, dtype=dtype)
+        self.o_proj = Linear(mla.num_heads * mla.v_head_dim, hidden, bias=bias, dtype=dtype)
+
+    def _query(self, x: Tensor) -> Tensor:  # x: [T, D] -> [T, H, qk_head_dim]
+        if self.q_proj is not None:
+            q = self.q_proj(x)
+        else:
+            assert self.q_a_proj is not None and self.q_a_layernorm is not None
+            assert self.q_b_proj is not None
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        return q.view(x.shape[0], self.num_heads, -1)
+
+    def absorbed_weights(self) -> tuple[Tensor, Tensor]:
+        """Views of kv_b_proj: W_UK [H, nope, kv_lora_rank] and W_UV [H, v, kv_lora_rank]."""
+        per_head = self.kv_b_proj.weight.view(
+            self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank
+        )
+        return per_head[:, : self.qk_nope_head_dim], per_head[:, self.qk_nope_head_dim :]
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        batch: ForwardBatch,
+        cache: PagedLatentCache,
+        cache_layer: int,
+    ) -> Tensor:
+        """x [T, D] -> [T, D]; writes the T new latent rows into ``cache_layer`` first."""
+        q = self._query(x)
+        q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        q_pe = apply_rotary(q_pe, cos, sin)
+        kv = self.kv_a_proj_with_mqa(x)
+        c_kv, k_pe = kv.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        latent = torch.cat((self.kv_a_layernorm(c_kv), apply_rotary(k_pe, cos, sin)), dim=-1)
+        cache.write(cache_layer, batch.slot_mapping, latent)
+        out = self._attend(q_nope, q_pe, batch, cache, cache_layer)
+        return self.o_proj(out.flatten(1))
+
+    def _attend(
+        self,
+        q_nope: Tensor,
+        q_pe: Tensor,
+        batch: ForwardBatch,
+        cache: PagedLatentCache,
+        cache_layer: int,
+    ) -> Tensor:
+        """[T, H, v]: decode sequences together (absorbed), prefill chunks one by one."""
+        if batch.is_decode:
+            return self._attend_decode(
+                q_nope, q_pe, batch, cache, cache_layer, range(batch.num_seqs)
+            )
+        out = q_nope.new_empty(q_nope.shape[0], self.num_heads, self.v_head_dim)
+        starts = batch.query_starts()
+        decode_seqs = [s for s, q_len in enumerate(batch.seq_lens_q) if q_len == 1]
+        if decode_seqs:
+            rows = torch.tensor([starts[s] for s in decode_seqs], device=q_nope.device)
+            out[rows] = self._attend_decode(
+                q_nope[rows], q_pe[rows], batch, cache, cache_layer, decode_seqs
+            )
+        for seq, q_len in enumerate(batch.seq_lens_q):
+            if q_len == 1:
+                continue
+            rows_slice = slice(starts[seq], starts[seq + 1])
+            latents = cache.gather(cache_layer, batch.block_tables[seq], batch.context_lens[seq])
+            out[rows_slice] = attention_expanded(
+                q_nope[rows_slice],
+                q_pe[rows_slice],
+                latents.to(q_nope.dtype),
+                self.kv_b_proj.weight,
+                self.kv_lora_rank,
+                self.v_head_dim,
+                self.scale,
+            )
+        return out
+
+    def _attend_decode(
+        self,
+        q_nope: Tensor,
+        q_pe: Tensor,
+        batch: ForwardBatch,
+        cache: PagedLatentCache,
+        cache_layer: int,
+        seqs: range | list[int],
+    ) -> Tensor:
+        latents, valid = cache.gather_batch(
+            cache_layer,
+            [batch.block_tables[s] for s in seqs],
+            [batch.context_lens[s] for s in seqs],
+        )
+        w_uk, w_uv = self.absorbed_weights()
+        return attention_absorbed(
+            q_nope, q_pe, latents.to(q_nope.dtype), valid, w_uk, w_uv, self.scale
+        )

@@ -1,0 +1,198 @@
+"""DeepSeek-V3 / V3.1 causal LM over a paged MLA latent cache, with its MTP draft layer.
+
+Module and parameter names follow the HF checkpoint exactly (``model.layers.N.self_attn...``),
+the MTP layer included (``model.layers.{num_hidden_layers}``), so the loader maps names 1:1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from backend.cache import ForwardBatch, PagedLatentCache
+from backend.config import ModelConfig
+from backend.layers import Linear, RMSNorm, SwiGLU
+from backend.mla import MLA
+from backend.moe import MoE
+from backend.rope import rotary_cos_sin
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then h + ffn(norm(h)); the FFN is dense or MoE."""
+
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = MLA(config, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp: MoE | SwiGLU = (
+            MoE(config, dtype)
+            if config.is_moe_layer(layer)
+            else SwiGLU(config.hidden_size, config.intermediate_size, dtype)
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        batch: ForwardBatch,
+        cache: PagedLatentCache,
+        cache_layer: int,
+    ) -> Tensor:  # x: [T, D] -> [T, D]
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache, cache_layer)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class SharedHead(nn.Module):
+    """The MTP layer's own output norm and vocabulary projection."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.head = Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+
+
+class MTPLayer(DecoderLayer):
+    """Multi-token prediction: one more block fed eh_proj([enorm(embed(t+1)) | hnorm(h_t)])."""
+
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__(config, layer, dtype)
+        dim = config.hidden_size
+        self.enorm = RMSNorm(dim, config.rms_norm_eps, dtype)
+        self.hnorm = RMSNorm(dim, config.rms_norm_eps, dtype)
+        self.eh_proj = Linear(2 * dim, dim, bias=False, dtype=dtype)
+        self.shared_head = SharedHead(config, dtype)
+
+
+class DeepseekV3Model(nn.Module):
+    """``model.*``: embedding, decoder layers then MTP layers, final norm."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, num_mtp_layers: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        layers = [DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers)]
+        layers.extend(
+            MTPLayer(config, config.num_hidden_layers + k, dtype) for k in range(num_mtp_layers)
+        )
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+
+class DeepseekV3ForCausalLM(nn.Module):
+    """The whole network. ``forward`` runs one step over a flattened batch and the paged cache.
+
+    Cache layer i belongs to decoder layer i; cache layer num_hidden_layers + k to MTP layer k.
+    """
+
+    def __init__(
+        self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, include_mtp: bool = True
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.num_mtp_layers = config.num_nextn_predict_layers if include_mtp else 0
+        self.model = DeepseekV3Model(config, dtype, self.num_mtp_layers)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+
+    @property
+    def num_cache_layers(self) -> int:
+        return self.config.num_hidden_layers + self.num_mtp_layers
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def _cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return rotary_cos_sin(self.config.rope, self.config.mla.qk_rope_head_dim, positions)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: PagedLatentCache) -> Tensor:
+        """Final (normed) hidden states [T, D] of the batch's new tokens."""
+        x = self.model.embed_tokens(batch.input_ids)
+        cos, sin = self._cos_sin(batch.positions)
+        for index in range(self.config.num_hidden_layers):
+            x = self.model.layers[index](x, cos, sin, batch, cache, index)
+        return self.model.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """[N, D] -> [N, vocab] fp32."""
+        return self.lm_head(hidden).float()
+
+    @torch.inference_mode()
+    def mtp_forward(
+        self, batch: ForwardBatch, cache: PagedLatentCache, previous_hidden: Tensor, depth: int = 0
+    ) -> Tensor:
+        """Draft hidden [T, D] (normed by shared_head.norm) from MTP layer ``depth``.
+
+        ``batch.input_ids[i]`` is token t+1 for the main model's position t = ``positions[i]``
+        and ``previous_hidden[i]`` is the main model's final hidden state at t.
+        """
+        if depth >= self.num_mtp_layers:
+            raise ValueError(f"model has {self.num_mtp_layers} MTP layers, asked for {depth}")
+        layer_index = self.config.num_hidden_layers + depth
+        layer = self.model.layers[layer_index]
+        assert isinstance(layer, MTPLayer)
+        embedded = layer.enorm(self.model.embed_tokens(batch.input_ids))
+        x = layer.eh_proj(torch.cat((embedded, layer.hnorm(previous_hidden)), dim=-1))
+        cos, sin = self._cos_sin(batch.positions)
+        x = layer(x, cos, sin, batch, cache, layer_index)
+        return layer.shared_head.norm(x)
+
+    @torch.inference_mode()
+    def compute_draft_logits(self, hidden: Tensor, depth: int = 0) -> Tensor:
+        """MTP hidden [N, D] -> [N, vocab] fp32 through the MTP layer's shared_head.head."""
+        layer = self.model.layers[self.config.num_hidden_layers + depth]
+        assert isinstance(layer, MTPLayer)
+        return layer.shared_head.head(hidden).float()
+
+    # Conveniences for tests and scripts: one sequence over a fresh contiguous cache.
+
+    def new_cache(
+        self, num_tokens: int, block_size: int = 16, dtype: torch.dtype | None = None
+    ) -> PagedLatentCache:
+        return PagedLatentCache(
+            num_layers=self.num_cache_layers,
+            num_blocks=-(-num_tokens // block_size),
+            block_size=block_size,
+            latent_dim=self.config.latent_dim,
+            dtype=dtype or self.dtype,
+            device=self.device,
+        )
+
+    def logits_for(self, token_ids: list[int]) -> Tensor:
+        """[T, vocab] fp32 logits of every position of ``token_ids``, prefilled in one step."""
+        cache = self.new_cache(len(token_ids))
+        batch = ForwardBatch.for_prefill(
+            token_ids, 0, list(range(cache.num_blocks)), cache.block_size, self.device
+        )
+        return self.compute_logits(self(batch, cache))
+
+    def iter_greedy(
+        self, prompt_ids: list[int], max_new_tokens: int, block_size: int = 16
+    ) -> Iterator[int]:
+        """Prefill the prompt, then decode greedily one token per step (absorbed attention)."""
+        cache = self.new_cache(len(prompt_ids) + max_new_tokens, block_size)
+        table = list(range(cache.num_blocks))
+        batch = ForwardBatch.for_prefill(prompt_ids, 0, table, block_size, self.device)
+        hidden = self(batch, cache)
+        for step in range(max_new_tokens):
+            next_id = int(self.compute_logits(hidden[-1:]).argmax(dim=-1))
+            yield next_id
+            if step + 1 == max_new_tokens:
+                return
+            position = len(prompt_ids) + step
+            batch = ForwardBatch.for_prefill([next_id], position, table, block_size, self.device)
+            hidden = self(batch, cache)
+
+    def generate_greedy(
+        self, prompt_ids: list[int], max_new_tokens: int, block_size: int = 16
+    ) -> list[int]:
+        """``max_new_tokens`` greedy tokens after ``prompt_ids`` (no stop token)."""
+        return list(self.iter_greedy(prompt_ids, max_new_tokens, block_size))

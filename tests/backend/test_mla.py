@@ -1,0 +1,122 @@
+"""MLA: absorbed decode equals expanded attention; YaRN and the softmax scale are computed right."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import DeepseekV3Config
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from backend.cache import ForwardBatch
+from backend.config import ModelConfig, RopeConfig
+from backend.demo_checkpoint import demo_config
+from backend.mla import attention_absorbed, attention_expanded
+from backend.model import DeepseekV3ForCausalLM
+from backend.rope import apply_rotary, correction_range, inv_frequencies
+
+REAL_V31 = {
+    **demo_config("tiny"),
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "first_k_dense_replace": 3,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "n_group": 8,
+    "topk_group": 4,
+    "max_position_embeddings": 163840,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 40,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+}
+
+
+def test_real_model_derived_facts() -> None:
+    config = ModelConfig.from_dict(REAL_V31)
+    assert config.softmax_scale == pytest.approx(0.135234, abs=1e-6)
+    assert config.cache_bytes_per_token(torch.bfloat16) == 70272
+    assert correction_range(config.rope, 64) == (10, 23)
+    assert config.moe_layer_indices == list(range(3, 61))
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_yarn_frequencies_match_hf(preset: str) -> None:
+    raw = demo_config(preset)
+    ours = inv_frequencies(ModelConfig.from_dict(raw).rope, raw["qk_rope_head_dim"])
+    hf_config = DeepseekV3Config(
+        **{k: v for k, v in raw.items() if k != "rope_scaling"},
+        rope_parameters={
+            **raw["rope_scaling"],
+            "rope_type": "yarn",
+            "rope_theta": raw["rope_theta"],
+        },
+    )
+    theirs, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](hf_config)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
+    assert attention_factor == pytest.approx(1.0)
+    # The ramp is active: some frequencies kept, some divided by factor, some blended.
+    base = inv_frequencies(RopeConfig(theta=float(raw["rope_theta"])), raw["qk_rope_head_dim"])
+    ratio = base / ours
+    factor = raw["rope_scaling"]["factor"]
+    assert ratio[0] == pytest.approx(1.0)
+    assert ratio[-1] == pytest.approx(factor)
+    assert ((ratio > 1.01) & (ratio < factor - 0.01)).any()
+
+
+def test_rotary_rotates_adjacent_pairs() -> None:
+    x = torch.tensor([[1.0, 0.0, 0.0, 2.0]])
+    angle = math.pi / 2
+    cos = torch.tensor([[math.cos(angle), 1.0]])
+    sin = torch.tensor([[math.sin(angle), 0.0]])
+    torch.testing.assert_close(apply_rotary(x, cos, sin), torch.tensor([[0.0, 1.0, 0.0, 2.0]]))
+
+
+def test_absorbed_equals_expanded_kernels() -> None:
+    generator = torch.Generator().manual_seed(0)
+    heads, nope, rope, rank, v_dim, length = 4, 16, 8, 32, 16, 37
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, dtype=torch.float32)
+
+    q_nope, q_pe = rand(1, heads, nope), rand(1, heads, rope)
+    latents, kv_b = rand(length, rank + rope), rand(heads * (nope + v_dim), rank) / 6
+    expanded = attention_expanded(q_nope, q_pe, latents, kv_b, rank, v_dim, 0.1)
+    per_head = kv_b.view(heads, nope + v_dim, rank)
+    valid = torch.ones(1, length, dtype=torch.bool)
+    absorbed = attention_absorbed(
+        q_nope, q_pe, latents[None], valid, per_head[:, :nope], per_head[:, nope:], 0.1
+    )
+    torch.testing.assert_close(absorbed, expanded, rtol=1e-5, atol=1e-6)
+
+
+def test_decode_steps_equal_full_prefill(tiny_model: DeepseekV3ForCausalLM) -> None:
+    # Each absorbed decode step's logits == the expanded prefill's logits at that position.
+    tokens = torch.randint(0, 129280, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    reference = tiny_model.logits_for(tokens)
+    prompt_len = 8
+    cache = tiny_model.new_cache(len(tokens), block_size=4)
+    table = list(range(cache.num_blocks))
+    batch = ForwardBatch.for_prefill(tokens[:prompt_len], 0, table, 4)
+    tiny_model(batch, cache)
+    for position in range(prompt_len, len(tokens)):
+        batch = ForwardBatch.for_prefill([tokens[position]], position, table, 4)
+        assert batch.is_decode
+        logits = tiny_model.compute_logits(tiny_model(batch, cache))[0]
+        error = (logits - reference[position]).abs().max() / reference[position].abs().max()
+        assert error < 1e-5, f"position {position}: relative error {error:.2e}"
