@@ -1,0 +1,213 @@
+"""KV block pool: allocation, ref counts, prefix caching with LRU eviction. No torch.
+
+A block holds `block_size` consecutive token positions of one sequence. A full block whose tokens
+are all computed is registered under its chained hash (`backend.block_hash`); a later sequence
+whose prompt starts with the same blocks shares them (ref count > 1) instead of computing them.
+A freed block keeps its content while it sits in the free pool: blocks that hold cached content
+are evicted least recently freed first, and only once no empty block is left.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from backend.block_hash import extend_chain, root_hash
+from backend.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """A block's content became reusable under `block_hash`."""
+
+    block_hash: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEvicted:
+    """The content cached under `block_hash` is gone."""
+
+    block_hash: bytes
+
+
+BlockEvent = BlockStored | BlockEvicted
+
+
+class BlockManager:
+    """A fixed pool of `num_blocks` blocks, ids 0..num_blocks-1.
+
+    `hash_seed` (a checkpoint fingerprint) seeds the hash chain. `on_event` hears every
+    registration and eviction of cached content, in order (for the Redis prefix index).
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        hash_seed: bytes,
+        on_event: Callable[[BlockEvent], None] | None = None,
+    ) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(
+                f"need num_blocks > 0 and block_size > 0, got {num_blocks}, {block_size}"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._root = root_hash(hash_seed, block_size)
+        self._on_event = on_event
+        self._ref_counts = [0] * num_blocks
+        self._hashes: list[bytes | None] = [None] * num_blocks
+        self._block_of_hash: dict[bytes, int] = {}
+        self._empty: deque[int] = deque(range(num_blocks))
+        # free blocks holding cached content; first = least recently freed = next to evict
+        self._cached_free: OrderedDict[int, None] = OrderedDict()
+        # per request id: how many leading blocks `cache_full_blocks` has already considered
+        self._num_committed: dict[str, int] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._empty) + len(self._cached_free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks whose content is registered for reuse, in use or free."""
+        return len(self._block_of_hash)
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref_counts[block_id]
+
+    def hash_of(self, block_id: int) -> bytes | None:
+        return self._hashes[block_id]
+
+    def eviction_order(self) -> list[int]:
+        """Free blocks holding cached content, next to be evicted first."""
+        return list(self._cached_free)
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def block_hashes(self, seq: Sequence) -> list[bytes]:
+        """The hash chain of seq's full blocks (cached on the sequence)."""
+        extend_chain(seq.block_hashes, self._root, seq.token_ids, self.block_size)
+        return seq.block_hashes
+
+    def num_cacheable_tokens(self, seq: Sequence) -> int:
+        """Tokens of seq that `allocate` would take from the prefix cache right now."""
+        return len(self._match_prefix(seq)) * self.block_size
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        matched = self._match_prefix(seq)
+        revived = sum(1 for b in matched if self._ref_counts[b] == 0)
+        num_new = self.num_blocks_for(seq.num_tokens) - len(matched)
+        return num_new + revived <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence) -> int:
+        """Give seq blocks for all its tokens, sharing cached full blocks of its prefix.
+
+        The last token is never taken from the cache, so at least one token is computed. Sets
+        `block_table`, `num_cached_tokens` and `num_computed_tokens`; returns the cached count.
+        """
+        if seq.block_table:
+            raise ValueError(f"{seq.request_id} already holds blocks")
+        if not self.can_allocate(seq):
+            raise RuntimeError(f"not enough free blocks for {seq.request_id}")
+        matched = self._match_prefix(seq)
+        for b in matched:  # before taking new blocks, so none of these is evicted
+            if self._ref_counts[b] == 0:
+                del self._cached_free[b]
+            self._ref_counts[b] += 1
+        num_new = self.num_blocks_for(seq.num_tokens) - len(matched)
+        seq.block_table = matched + [self._take_free() for _ in range(num_new)]
+        seq.num_cached_tokens = len(matched) * self.block_size
+        seq.num_computed_tokens = seq.num_cached_tokens
+        self._num_committed[seq.request_id] = len(matched)
+        return seq.num_cached_tokens
+
+    def can_append(self, seq: Sequence, num_lookahead: int = 0) -> bool:
+        """Whether seq's blocks can grow to hold its tokens plus `num_lookahead` more."""
+        return self._num_missing(seq, num_lookahead) <= self.num_free_blocks
+
+    def append_slot(self, seq: Sequence, num_lookahead: int = 0) -> None:
+        """Grow seq's block table to hold its tokens plus `num_lookahead` draft positions."""
+        num_missing = self._num_missing(seq, num_lookahead)
+        if num_missing > self.num_free_blocks:
+            raise RuntimeError(f"not enough free blocks for {seq.request_id}")
+        seq.block_table.extend(self._take_free() for _ in range(num_missing))
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register seq's full blocks whose tokens are all computed; call after each step.
+
+        A block whose content is already registered under another block id (two sequences
+        computed the same prefix at once) stays unregistered and is simply freed later.
+        """
+        start = self._num_committed.get(seq.request_id, 0)
+        end = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        if end <= start:
+            return
+        hashes = self.block_hashes(seq)
+        for i in range(start, end):
+            block_id, h = seq.block_table[i], hashes[i]
+            if self._hashes[block_id] is None and h not in self._block_of_hash:
+                self._hashes[block_id] = h
+                self._block_of_hash[h] = block_id
+                self._emit(BlockStored(h))
+        self._num_committed[seq.request_id] = end
+
+    def free(self, seq: Sequence) -> None:
+        """Release seq's blocks, last block first so a prefix outlives its tails in the cache;
+        nothing of seq counts as computed any more. Raises on a sequence holding no blocks or
+        on a block that is already free."""
+        if not seq.block_table:
+            raise ValueError(f"{seq.request_id} holds no blocks")
+        free_ids = [b for b in seq.block_table if self._ref_counts[b] == 0]
+        if free_ids:
+            raise ValueError(f"double free of blocks {free_ids} by {seq.request_id}")
+        for b in reversed(seq.block_table):
+            self._ref_counts[b] -= 1
+            if self._ref_counts[b] == 0:
+                if self._hashes[b] is None:
+                    self._empty.append(b)
+                else:
+                    self._cached_free[b] = None
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        self._num_committed.pop(seq.request_id, None)
+
+    def _match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached block ids for the longest run of seq's leading full blocks, never covering
+        its last token."""
+        limit = (seq.num_tokens - 1) // self.block_size
+        matched: list[int] = []
+        for h in self.block_hashes(seq)[:limit]:
+            block_id = self._block_of_hash.get(h)
+            if block_id is None:
+                break
+            matched.append(block_id)
+        return matched
+
+    def _num_missing(self, seq: Sequence, num_lookahead: int) -> int:
+        needed = self.num_blocks_for(seq.num_tokens + num_lookahead)
+        return max(0, needed - len(seq.block_table))
+
+    def _take_free(self) -> int:
+        """Pop a free block (an empty one if any, else evict the least recently freed)."""
+        if self._empty:
+            block_id = self._empty.popleft()
+        else:
+            block_id, _ = self._cached_free.popitem(last=False)
+            h = self._hashes[block_id]
+            assert h is not None
+            self._hashes[block_id] = None
+            del self._block_of_hash[h]
+            self._emit(BlockEvicted(h))
+        self._ref_counts[block_id] = 1
+        return block_id
+
+    def _emit(self, event: BlockEvent) -> None:
+        if self._on_event is not None:
+            self._on_event(event)

@@ -1,0 +1,102 @@
+"""The serving engine's own settings, validated once, and the facts derived from them.
+
+Derived facts (pool size in blocks, the longest servable sequence) are returned by functions
+and never written back into the config, so nothing depends on the order objects are built in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backend.config import ModelConfig
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine batches, how much latent cache it keeps and where it runs.
+
+    `max_num_seqs` sequences and `max_batch_tokens` new tokens per step at most;
+    `cache_memory_bytes` is the budget of the paged latent pool (all cache layers, MTP included)
+    in blocks of `block_size` tokens; `max_waiting` bounds the queue of requests not yet
+    running (more are refused with a retry hint); `dtype` names the weights' and the cache's
+    torch dtype; `num_threads` sets torch's intra-op threads (None keeps torch's default);
+    `max_model_len` caps prompt + output below what the model and the pool allow (None: no cap).
+    """
+
+    max_num_seqs: int = 64
+    max_batch_tokens: int = 4096
+    block_size: int = 64
+    cache_memory_bytes: int = 1 << 30
+    chunked_prefill: bool = True
+    max_waiting: int = 256
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    num_threads: int | None = None
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_num_seqs": self.max_num_seqs,
+            "max_batch_tokens": self.max_batch_tokens,
+            "block_size": self.block_size,
+            "cache_memory_bytes": self.cache_memory_bytes,
+            "max_waiting": self.max_waiting,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.max_batch_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_batch_tokens {self.max_batch_tokens} must cover one decode token for each "
+                f"of max_num_seqs {self.max_num_seqs}"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be positive or None, got {self.num_threads}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        try:
+            torch.device(self.device)
+        except RuntimeError as exc:
+            raise ValueError(f"invalid device {self.device!r}: {exc}") from exc
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+def cache_bytes_per_block(config: EngineConfig, model_config: ModelConfig, *, mtp: bool) -> int:
+    """Bytes one block of `block_size` tokens takes over every cache layer (MTP ones if `mtp`)."""
+    per_token = model_config.cache_bytes_per_token(config.torch_dtype, include_mtp=mtp)
+    return per_token * config.block_size
+
+
+def num_cache_blocks(config: EngineConfig, model_config: ModelConfig, *, mtp: bool) -> int:
+    """Blocks the memory budget holds; raises when it cannot hold a single one."""
+    per_block = cache_bytes_per_block(config, model_config, mtp=mtp)
+    num_blocks = config.cache_memory_bytes // per_block
+    if num_blocks < 1:
+        raise ValueError(
+            f"cache_memory_bytes {config.cache_memory_bytes} is below one block ({per_block} bytes)"
+        )
+    return num_blocks
+
+
+def max_model_len(config: EngineConfig, model_config: ModelConfig, num_blocks: int) -> int:
+    """Longest prompt + output served: the model's positions, the whole pool, the configured
+    cap, and without chunked prefill one step's token budget (a prompt must fit one step)."""
+    limits = [model_config.max_position_embeddings, num_blocks * config.block_size]
+    if config.max_model_len is not None:
+        limits.append(config.max_model_len)
+    if not config.chunked_prefill:
+        limits.append(config.max_batch_tokens)
+    return min(limits)

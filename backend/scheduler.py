@@ -1,0 +1,258 @@
+"""Continuous batching: what runs each step under one token budget. No torch.
+
+Each step: decodes first (running sequences with one uncomputed token: 1 token each plus
+`num_lookahead` reserved draft slots), then prefill chunks of running, partially prefilled
+sequences and then of waiting ones, first come first served, until the token budget or
+`max_num_seqs` is reached. With `chunked_prefill` a prompt is split across steps, so a long
+prompt never stalls running decodes. When a decode cannot get a block, the newest running
+sequence is preempted: its blocks are freed and it goes back to the front of the waiting queue,
+where its prompt and output so far are recomputed (its computed full blocks stay in the prefix
+cache while they last).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from backend.blocks import BlockManager
+from backend.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    """seq computes tokens [start, start + num_new_tokens) this step, with `num_lookahead`
+    more slots reserved after them for draft tokens. `samples`: this step ends at seq's last
+    token, so the runner samples a next token for it."""
+
+    seq: Sequence
+    start: int
+    num_new_tokens: int
+    num_lookahead: int
+    samples: bool
+
+    @classmethod
+    def of(cls, seq: Sequence, num_new_tokens: int, num_lookahead: int) -> ScheduledSeq:
+        start = seq.num_computed_tokens
+        samples = start + num_new_tokens == seq.num_tokens
+        return cls(seq, start, num_new_tokens, num_lookahead, samples)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """One step's work, decodes first. `preempted` lost their blocks in this step."""
+
+    scheduled: list[ScheduledSeq]
+    preempted: list[Sequence]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens + s.num_lookahead for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Decides which sequences run each step; owns the waiting and running queues.
+
+    `max_model_len` bounds prompt + output (a sequence reaching it finishes with "length"); the
+    pool must hold one such sequence plus its lookahead, so a lone sequence always progresses.
+    Without chunked prefill a whole (re)computed sequence must fit one step's budget.
+    `eos_token_ids` stop a sequence unless its params say `ignore_eos`.
+    """
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_batch_tokens: int,
+        block_manager: BlockManager,
+        chunked_prefill: bool,
+        *,
+        max_model_len: int,
+        eos_token_ids: Iterable[int],
+        num_lookahead: int = 0,
+    ) -> None:
+        if max_num_seqs < 1 or num_lookahead < 0 or max_model_len < 2:
+            raise ValueError("need max_num_seqs >= 1, num_lookahead >= 0, max_model_len >= 2")
+        if max_batch_tokens < max_num_seqs * (1 + num_lookahead):
+            raise ValueError("max_batch_tokens must cover one decode step of max_num_seqs")
+        capacity = block_manager.num_blocks * block_manager.block_size
+        if max_model_len + num_lookahead > capacity:
+            raise ValueError(f"max_model_len {max_model_len} exceeds the pool ({capacity} tokens)")
+        if not chunked_prefill and max_model_len > max_batch_tokens:
+            raise ValueError("without chunked prefill, max_model_len must fit max_batch_tokens")
+        self.max_num_seqs = max_num_seqs
+        self.max_batch_tokens = max_batch_tokens
+        self.block_manager = block_manager
+        self.chunked_prefill = chunked_prefill
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.num_lookahead = num_lookahead
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._live: dict[str, Sequence] = {}
+        self._next_arrival = 0
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self._live:
+            raise ValueError(f"duplicate request id {seq.request_id}")
+        if seq.status is not SequenceStatus.WAITING or seq.block_table:
+            raise ValueError(f"{seq.request_id} is not a fresh sequence")
+        if seq.num_tokens >= self.max_model_len:
+            raise ValueError(
+                f"prompt of {seq.num_tokens} tokens leaves no room under {self.max_model_len}"
+            )
+        seq.arrival = self._next_arrival
+        self._next_arrival += 1
+        self._live[seq.request_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Finish a request at any point, freeing its blocks; None if it is not live."""
+        return self.finish(request_id, "abort")
+
+    def finish(self, request_id: str, reason: FinishReason) -> Sequence | None:
+        """Finish a live request (e.g. the caller matched a stop string); None if not live."""
+        seq = self._live.get(request_id)
+        if seq is None:
+            return None
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self._finish(seq, reason)
+        return seq
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_batch_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted: list[Sequence] = []
+        picked: set[str] = set()
+
+        for seq in sorted(self.running, key=lambda s: s.arrival):
+            if seq.num_uncomputed_tokens != 1 or seq.status is not SequenceStatus.RUNNING:
+                continue
+            while not self.block_manager.can_append(seq, self.num_lookahead):
+                victim = max(
+                    (s for s in self.running if s.request_id not in picked),
+                    key=lambda s: s.arrival,
+                )
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            self.block_manager.append_slot(seq, self.num_lookahead)
+            scheduled.append(ScheduledSeq.of(seq, 1, self.num_lookahead))
+            picked.add(seq.request_id)
+            budget -= 1 + self.num_lookahead
+
+        for seq in sorted(self.running, key=lambda s: s.arrival):
+            if budget == 0:
+                break
+            if seq.request_id in picked:
+                continue
+            num_new = self._chunk(seq, budget)
+            if num_new:
+                scheduled.append(ScheduledSeq.of(seq, num_new, 0))
+                picked.add(seq.request_id)
+                budget -= num_new
+
+        # no admission in a step that preempted: blocks are short, readmission would thrash
+        while (
+            not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+        ):
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq):
+                break
+            if not self.chunked_prefill:
+                cached = self.block_manager.num_cacheable_tokens(seq)
+                if seq.num_tokens - cached > budget:
+                    break
+            self.waiting.popleft()
+            self.block_manager.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            num_new = self._chunk(seq, budget)
+            scheduled.append(ScheduledSeq.of(seq, num_new, 0))
+            picked.add(seq.request_id)
+            budget -= num_new
+
+        return SchedulerOutput(scheduled, preempted)
+
+    def postprocess(self, output: SchedulerOutput, sampled_tokens: Seq[Seq[int]]) -> list[Sequence]:
+        """Apply one step's results; returns the sequences that finished in it.
+
+        `sampled_tokens[i]` belongs to `output.scheduled[i]`: empty for a prefill chunk that
+        does not reach the last token, else the accepted draft tokens followed by one sampled
+        token (just the sampled token without speculation). Stop tokens are kept in the output.
+        Sequences finished or aborted since `schedule` are skipped.
+        """
+        if len(sampled_tokens) != len(output.scheduled):
+            raise ValueError("one list of sampled tokens per scheduled sequence")
+        finished: list[Sequence] = []
+        for item, tokens in zip(output.scheduled, sampled_tokens, strict=True):
+            seq = item.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            if seq.num_computed_tokens != item.start:
+                raise ValueError(f"{seq.request_id} changed since it was scheduled")
+            if bool(tokens) != item.samples or len(tokens) > 1 + item.num_lookahead:
+                raise ValueError(f"{seq.request_id}: {len(tokens)} tokens do not fit its step")
+            # the step's tokens plus accepted drafts are computed; the last sampled one is not
+            seq.num_computed_tokens += item.num_new_tokens + max(0, len(tokens) - 1)
+            reason: FinishReason | None = None
+            for token in tokens:
+                seq.token_ids.append(token)
+                reason = self._stop_reason(seq, token)
+                if reason is not None:
+                    break
+            seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
+            self.block_manager.cache_full_blocks(seq)
+            if reason is not None:
+                self.running.remove(seq)
+                self._finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens of seq to compute this step: all it lacks, or with chunked prefill as many as
+        the budget allows; 0 when it does not fit."""
+        num = seq.num_uncomputed_tokens
+        if num <= budget:
+            return num
+        return budget if self.chunked_prefill else 0
+
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.params
+        if token in params.stop_token_ids or (
+            not params.ignore_eos and token in self.eos_token_ids
+        ):
+            return "stop"
+        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            return "length"
+        if seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.block_table:
+            self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        del self._live[seq.request_id]

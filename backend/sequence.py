@@ -1,0 +1,75 @@
+"""One request's token state as the scheduler and block manager see it. Pure Python, no torch."""
+
+from __future__ import annotations
+
+from enum import Enum, auto
+from typing import Literal
+
+from backend.sampling_params import SamplingParams
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    """Prompt and output tokens plus how far the KV cache has computed them.
+
+    `token_ids` is the prompt followed by the output. Tokens [0, num_computed_tokens) have their
+    KV in the blocks of `block_table` (block i holds positions [i * block_size, (i+1) *
+    block_size)); the rest are computed by later steps. `block_hashes` caches the hash chain of
+    the full blocks of `token_ids` (tokens never change, so neither do the hashes).
+    `num_cached_tokens`: how many tokens the latest allocation took from the prefix cache.
+    `arrival` orders requests: lower came first (the scheduler assigns it in `add`).
+    """
+
+    def __init__(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
+        if not prompt_token_ids:
+            raise ValueError("a prompt needs at least one token")
+        self.request_id = request_id
+        self.params = params
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.arrival = 0
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
