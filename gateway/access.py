@@ -1,0 +1,81 @@
+"""The access-control contract the request pipeline calls: who asks, may they, and what it cost.
+
+One request makes three calls, each at most one Redis round trip:
+  authenticate(token)  -> Principal            (before the body is parsed)
+  admit(ticket)        -> Grant                (reserve the worst case, count the request)
+  settle(grant, outcome)                       (in a `finally`: charge actuals, release the rest)
+Failures raise `gateway.errors` exceptions (AuthenticationError, PermissionDenied, RateLimited,
+QuotaExceeded), which the error middleware renders as OpenAI error JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.errors import PermissionDenied
+from providers.types import Usage
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller. `models` None means every model."""
+
+    key_id: str
+    name: str
+    models: frozenset[str] | None = None
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+def require_model(principal: Principal, model: str) -> None:
+    """Raise 403 `model_not_allowed` unless the key may use `model`."""
+    if not principal.may_use(model):
+        message = f"This API key may not use the model '{model}'."
+        raise PermissionDenied(message, param="model", code="model_not_allowed")
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """What admission needs to know before the provider is called."""
+
+    principal: Principal
+    model: str
+    request_id: str
+    prompt_tokens: int  # estimated (a real tokenizer where the model has one)
+    max_tokens: int  # the client's max_tokens, or the settings default
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """An admitted request. `max_tokens` may be lower than asked when the budget is nearly spent
+    (the stream then ends with finish_reason "length"). `headers` are the x-ratelimit-* headers."""
+
+    ticket: Ticket
+    max_tokens: int
+    reserved_tokens: int
+    headers: dict[str, str] = field(default_factory=dict)
+    token: str = ""  # the implementation's handle for settle (e.g. a concurrency slot id)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What actually happened, for settlement and the usage record."""
+
+    usage: Usage
+    status: int  # HTTP status the client saw (200 also for a stream that failed mid-way)
+    provider: str = ""
+    route_model: str = ""
+    thinking: bool | None = None
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    error_code: str | None = None
+
+
+class AccessControl(Protocol):
+    async def authenticate(self, token: str | None) -> Principal: ...
+
+    async def admit(self, ticket: Ticket) -> Grant: ...
+
+    async def settle(self, grant: Grant, outcome: Outcome) -> None: ...

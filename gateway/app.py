@@ -1,0 +1,61 @@
+"""The app factory: builds the aiohttp application and opens its resources in `cleanup_ctx`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+
+import structlog
+from aiohttp import web
+
+from gateway import handlers
+from gateway.access import AccessControl
+from gateway.appkeys import ACCESS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS
+from gateway.keys.access import RedisAccessControl
+from gateway.keys.admin import setup_admin
+from gateway.metrics import Metrics
+from gateway.middleware import add_request_id, error_middleware
+from gateway.open_access import OpenAccess
+from gateway.pipeline import Pipeline
+from gateway.provider_factory import open_providers
+from gateway.redis_server import open_redis
+from gateway.routing import Router
+from gateway.settings import Settings
+
+log = structlog.get_logger("gateway.app")
+
+
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application(
+        middlewares=[error_middleware], client_max_size=settings.server.max_body_bytes
+    )
+    app[SETTINGS] = settings
+    app[METRICS] = Metrics()
+    app.on_response_prepare.append(add_request_id)
+    app.cleanup_ctx.append(_resources)
+    app.add_routes(handlers.routes())
+    setup_admin(app, settings)
+    return app
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    async with AsyncExitStack() as stack:
+        redis = await stack.enter_async_context(open_redis(settings.redis))
+        app[REDIS] = redis
+        access: AccessControl = (
+            RedisAccessControl(
+                redis,
+                prefix=settings.redis.key_prefix,
+                usage_stream_maxlen=settings.limits.usage_stream_maxlen,
+            )
+            if settings.auth.enabled
+            else OpenAccess()
+        )
+        app[ACCESS] = access
+        providers = await stack.enter_async_context(open_providers(settings, app[METRICS]))
+        router = Router(providers, settings.models)
+        app[ROUTER] = router
+        app[PIPELINE] = Pipeline(router, access, app[METRICS], settings.limits.default_max_tokens)
+        log.info("gateway_ready", models=[c.id for c in router.cards()])
+        yield

@@ -1,0 +1,19 @@
+"""Typed keys for the resources the app factory opens in `cleanup_ctx` (no module singletons)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from redis.asyncio import Redis
+
+from gateway.access import AccessControl
+from gateway.metrics import Metrics
+from gateway.pipeline import Pipeline
+from gateway.routing import Router
+from gateway.settings import Settings
+
+SETTINGS = web.AppKey("settings", Settings)
+REDIS = web.AppKey("redis", Redis)
+ACCESS = web.AppKey("access", AccessControl)
+ROUTER = web.AppKey("router", Router)
+METRICS = web.AppKey("metrics", Metrics)
+PIPELINE = web.AppKey("pipeline", Pipeline)

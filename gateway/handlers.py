@@ -1,0 +1,117 @@
+"""HTTP handlers: parse, call a service, shape the response. Nothing else lives here."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from gateway.access import Principal
+from gateway.appkeys import ACCESS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS
+from gateway.errors import AuthenticationError, InvalidRequest
+from gateway.middleware import REQUEST_ID
+from gateway.wire.chat_request import parse_chat, parse_completion
+from gateway.wire.chat_response import ChatWire
+from gateway.wire.completion_response import CompletionWire
+from providers import jsoncodec
+from providers.base import ModelCard
+
+
+async def authenticate(request: web.Request) -> Principal:
+    if not request.app[SETTINGS].auth.enabled:
+        return await request.app[ACCESS].authenticate(None)
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        token = request.headers.get("x-api-key", "")
+    if not token.strip():
+        raise AuthenticationError(
+            "Missing API key. Send it as 'Authorization: Bearer <key>'.", code="missing_api_key"
+        )
+    return await request.app[ACCESS].authenticate(token.strip())
+
+
+async def read_json(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return jsoncodec.loads(raw)
+    except jsoncodec.JSONDecodeError as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    principal = await authenticate(request)
+    body, chat = parse_chat(await read_json(request), request[REQUEST_ID])
+    wire = ChatWire(include_usage=bool(body.stream_options and body.stream_options.include_usage))
+    return await request.app[PIPELINE].serve(request, principal, chat, wire)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    principal = await authenticate(request)
+    body, chat = parse_completion(await read_json(request), request[REQUEST_ID])
+    wire = CompletionWire(
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        echo=chat.prompt or "" if body.echo else "",
+    )
+    return await request.app[PIPELINE].serve(request, principal, chat, wire)
+
+
+def _card(card: ModelCard) -> dict[str, Any]:
+    return {"id": card.id, "object": "model", "created": card.created, "owned_by": card.owned_by}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    await authenticate(request)
+    cards = request.app[ROUTER].cards()
+    return web.json_response({"object": "list", "data": [_card(c) for c in cards]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    await authenticate(request)
+    return web.json_response(_card(request.app[ROUTER].card(request.match_info["model"])))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    checks: dict[str, bool] = {}
+    try:
+        checks["redis"] = bool(await asyncio.wait_for(request.app[REDIS].ping(), timeout=2))
+    except Exception:
+        checks["redis"] = False
+    providers = request.app[ROUTER].providers
+    results = await asyncio.gather(
+        *(p.health() for p in providers.values()), return_exceptions=True
+    )
+    for name, ok in zip(providers, results, strict=True):
+        checks[f"provider:{name}"] = ok is True
+    ready = all(checks.values())
+    return web.json_response(
+        {"status": "ready" if ready else "not_ready", "checks": checks},
+        status=200 if ready else 503,
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+def routes() -> list[web.RouteDef]:
+    table: list[web.RouteDef] = []
+    for prefix in ("/v1", ""):
+        table += [
+            web.post(f"{prefix}/chat/completions", chat_completions),
+            web.post(f"{prefix}/completions", completions),
+            web.get(f"{prefix}/models", list_models),
+            web.get(f"{prefix}/models/{{model:.+}}", get_model),
+        ]
+    table += [
+        web.get("/healthz", healthz),
+        web.get("/readyz", readyz),
+        web.get("/metrics", metrics),
+    ]
+    return table

@@ -1,0 +1,170 @@
+"""Admission and settlement against a key's budget, rate limits and concurrency cap.
+
+Each is one Lua script (one Redis round trip), so concurrent requests on any number of replicas
+can never over-admit. Rules:
+  - admission reserves the worst case, prompt + max_tokens, against the budget (spent plus
+    in-flight reservations), the TPM window and the concurrency cap, and counts the request in
+    the RPM window. When the budget left is smaller than that but larger than the prompt, the
+    request is admitted with max_tokens clipped to what is left (the stream ends with "length");
+    a key's TPM limit clips max_tokens the same way.
+  - settlement charges prompt + completion tokens, capped at the reservation and at the budget
+    left: the tokens charged against a budget never exceed it, even when an upstream counts
+    more prompt tokens than estimated (the usage record keeps the upstream's true counts).
+  - RPM and TPM use fixed one-minute UTC windows; Retry-After is the time to the next window.
+  - every in-flight request holds a slot with a deadline (`slot_ttl_s`); slots (and their
+    reservations) of a replica that died are dropped once past it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from gateway.errors import AuthenticationError, QuotaExceeded, RateLimited
+from gateway.keys.store import KeySpace, lua, text
+from gateway.keys.usage import UsageEntry
+
+_WINDOW_MS = 60_000
+_DAY_SPENT_TTL_MS = 2 * 86_400_000
+_MONTH_SPENT_TTL_MS = 62 * 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    max_tokens: int
+    reserved_tokens: int
+    token: str  # "{slot id}.{minute}": what settlement needs to find the reservation
+    headers: dict[str, str]
+
+
+def _reset(ms: int) -> str:
+    return f"{math.ceil(ms / 1000)}s"
+
+
+def _headers(kind: str, limit: int, left: int, reset_ms: int) -> dict[str, str]:
+    """OpenAI's x-ratelimit-* headers for `requests` or `tokens`."""
+    return {
+        f"x-ratelimit-limit-{kind}": str(limit),
+        f"x-ratelimit-remaining-{kind}": str(max(left, 0)),
+        f"x-ratelimit-reset-{kind}": _reset(reset_ms),
+    }
+
+
+class Limiter:
+    def __init__(
+        self,
+        redis: Redis,
+        space: KeySpace,
+        *,
+        usage_stream_maxlen: int,
+        slot_ttl_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._space = space
+        self._maxlen = usage_stream_maxlen
+        self._slot_ttl_ms = int(slot_ttl_s * 1000)
+        self._clock = clock
+        self._admit = redis.register_script(lua("admit.lua"))
+        self._settle = redis.register_script(lua("settle.lua"))
+
+    def _spent_keys(self, key_id: str, now_s: float) -> list[str]:
+        day = time.strftime("%Y-%m-%d", time.gmtime(now_s))
+        return [self._space.spent(key_id, stamp) for stamp in ("all", day, day[:7])]
+
+    async def admit(self, key_id: str, prompt_tokens: int, max_tokens: int) -> Admission:
+        now_s = self._clock()
+        now_ms = int(now_s * 1000)
+        minute = now_ms // _WINDOW_MS
+        reset_ms = (minute + 1) * _WINDOW_MS - now_ms
+        token = f"{uuid.uuid4().hex}.{minute}"
+        s = self._space
+        keys = [
+            s.key(key_id),
+            s.slots(key_id),
+            s.held(key_id),
+            s.window("rpm", key_id, minute),
+            s.window("tpm", key_id, minute),
+            *self._spent_keys(key_id, now_s),
+        ]
+        prompt, wanted = max(prompt_tokens, 0), max(max_tokens, 1)
+        args: list[str | int] = [now_ms, token, prompt, wanted, self._slot_ttl_ms, reset_ms]
+        result = await self._admit(keys=keys, args=args)
+        match [text(v) if isinstance(v, bytes) else str(v) for v in result]:
+            case ["0", grant, reserved, rpm, rpm_left, tpm, tpm_left]:
+                headers: dict[str, str] = {}
+                if rpm != "-1":
+                    headers.update(_headers("requests", int(rpm), int(rpm_left), reset_ms))
+                if tpm != "-1":
+                    headers.update(_headers("tokens", int(tpm), int(tpm_left), reset_ms))
+                return Admission(int(grant), int(reserved), token, headers)
+            case ["1"]:
+                raise AuthenticationError("This API key has been revoked.")
+            case ["2", left]:
+                raise QuotaExceeded(
+                    f"This API key's token budget is exhausted ({left} tokens left, the prompt "
+                    f"alone needs about {prompt_tokens}).",
+                )
+            case ["3", retry_ms, limit_name, limit]:
+                raise _rate_limited(limit_name, int(limit), int(retry_ms), prompt_tokens)
+        raise AssertionError(f"unexpected admission result {result!r}")
+
+    async def settle(
+        self, key_id: str, token: str, reserved: int, used: int, entry: UsageEntry
+    ) -> int:
+        """Release the reservation, charge `used` tokens, record `entry`; the tokens charged."""
+        now_s = self._clock()
+        minute = int(token.rsplit(".", 1)[1])
+        s = self._space
+        keys = [
+            s.key(key_id),
+            s.slots(key_id),
+            s.held(key_id),
+            s.window("tpm", key_id, minute),
+            *self._spent_keys(key_id, now_s),
+            s.usage_day(entry.day),
+            s.usage_days(),
+            s.usage_log(),
+        ]
+        counters = [item for pair in entry.counters.items() for item in pair]
+        stream = [item for pair in entry.record.items() for item in pair]
+        args: list[str | int] = [
+            token,
+            reserved,
+            max(used, 0),
+            entry.day,
+            _DAY_SPENT_TTL_MS,
+            _MONTH_SPENT_TTL_MS,
+            self._maxlen,
+            len(entry.counters),
+            *counters,
+            *stream,
+        ]
+        return int(await self._settle(keys=keys, args=args))
+
+
+def _rate_limited(name: str, limit: int, retry_ms: int, prompt_tokens: int) -> RateLimited:
+    retry = max(1, math.ceil(retry_ms / 1000))
+    if name == "concurrency":
+        return RateLimited(
+            f"Too many concurrent requests for this API key (limit {limit}).",
+            retry_after=retry,
+            code="concurrency_limit_exceeded",
+        )
+    if name == "tpm_request":
+        return RateLimited(
+            f"Request too large: the prompt needs about {prompt_tokens} tokens, more than this "
+            f"API key's limit of {limit} tokens per minute.",
+            retry_after=retry,
+            code="request_too_large",
+        )
+    kind = "requests" if name == "rpm" else "tokens"
+    return RateLimited(
+        f"Rate limit reached: {limit} {kind} per minute for this API key. Try again in {retry}s.",
+        retry_after=retry,
+        headers=_headers(kind, limit, 0, retry_ms),
+    )

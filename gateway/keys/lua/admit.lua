@@ -1,0 +1,89 @@
+-- Admit one request: reserve its worst case against budget, TPM and concurrency, count it
+-- against RPM. Either everything is reserved or nothing changes.
+-- KEYS: 1 key:{id} hash, 2 slots zset, 3 held hash, 4 rpm window, 5 tpm window,
+--       6 spent (all), 7 spent (day), 8 spent (month)
+-- ARGV: 1 now (ms), 2 request token, 3 prompt tokens, 4 max_tokens, 5 slot ttl (ms),
+--       6 ms until the current minute window resets
+-- Returns {0, max_tokens granted, reserved, rpm, rpm left, tpm, tpm left} (-1: no limit),
+--   {1} unknown key, {2, budget left} over budget, {3, retry ms, limit name, limit} rate limited.
+local now, token = tonumber(ARGV[1]), ARGV[2]
+local prompt, grant = tonumber(ARGV[3]), tonumber(ARGV[4])
+local ttl, reset = tonumber(ARGV[5]), tonumber(ARGV[6])
+
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {1}
+end
+local f = redis.call('HMGET', KEYS[1], 'rpm', 'tpm', 'conc', 'budget', 'period')
+local rpm, tpm, conc, budget = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
+
+-- Slots past their deadline belong to requests whose replica died: drop them and their tokens.
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, old in ipairs(expired) do
+  local amount = redis.call('HGET', KEYS[3], old)
+  if amount then
+    redis.call('HINCRBY', KEYS[3], '_sum', -tonumber(amount))
+    redis.call('HDEL', KEYS[3], old)
+  end
+end
+if #expired > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+end
+
+if budget then
+  local spent_key = KEYS[6]
+  if f[5] == 'day' then spent_key = KEYS[7] elseif f[5] == 'month' then spent_key = KEYS[8] end
+  local spent = tonumber(redis.call('GET', spent_key)) or 0
+  local held = tonumber(redis.call('HGET', KEYS[3], '_sum')) or 0
+  local left = budget - spent - held
+  if left <= prompt then
+    return {2, math.max(left, 0)}
+  end
+  if left < prompt + grant then
+    grant = left - prompt
+  end
+end
+if tpm and prompt + grant > tpm then
+  if prompt >= tpm then
+    return {3, reset, 'tpm_request', tpm}
+  end
+  grant = tpm - prompt
+end
+local need = prompt + grant
+
+local requests = 0
+if rpm then
+  requests = tonumber(redis.call('GET', KEYS[4])) or 0
+  if requests >= rpm then
+    return {3, reset, 'rpm', rpm}
+  end
+end
+local tokens = 0
+if tpm then
+  tokens = tonumber(redis.call('GET', KEYS[5])) or 0
+  if tokens + need > tpm then
+    return {3, reset, 'tpm', tpm}
+  end
+end
+if conc and redis.call('ZCARD', KEYS[2]) >= conc then
+  return {3, 1000, 'concurrency', conc}
+end
+
+redis.call('ZADD', KEYS[2], now + ttl, token)
+redis.call('PEXPIRE', KEYS[2], ttl)
+if budget then
+  redis.call('HSET', KEYS[3], token, need)
+  redis.call('HINCRBY', KEYS[3], '_sum', need)
+  redis.call('PEXPIRE', KEYS[3], ttl)
+end
+local rpm_left, tpm_left = -1, -1
+if rpm then
+  redis.call('INCR', KEYS[4])
+  redis.call('PEXPIRE', KEYS[4], reset + 1000)
+  rpm_left = rpm - requests - 1
+end
+if tpm then
+  redis.call('INCRBY', KEYS[5], need)
+  redis.call('PEXPIRE', KEYS[5], reset + 1000)
+  tpm_left = tpm - tokens - need
+end
+return {0, grant, need, rpm or -1, rpm_left, tpm or -1, tpm_left}

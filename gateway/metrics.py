@@ -1,0 +1,49 @@
+"""Prometheus metrics, one registry per app (no process-global collectors)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests by endpoint, model, provider and status",
+            ["endpoint", "model", "provider", "status"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "gateway_errors",
+            "Errors by model, provider and code",
+            ["model", "provider", "code"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "gateway_request_seconds",
+            "Request latency",
+            ["endpoint", "model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time to first token",
+            ["model", "provider"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "gateway_tokens",
+            "Tokens by model, provider and kind (prompt, completion, cached)",
+            ["model", "provider", "kind"],
+            registry=r,
+        )
+        self.in_flight = Gauge("gateway_in_flight_requests", "Requests in flight", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,102 @@
+"""Request id, per-request log context, access log, and the one place errors are rendered.
+
+Every response carries `x-request-id`; every error is OpenAI error JSON with the right status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from gateway.errors import GatewayError, NotFound, PayloadTooLarge
+
+log = structlog.get_logger("gateway.http")
+REQUEST_ID = web.RequestKey("request_id", str)
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_STATUS_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def _error_response(
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def render(exc: GatewayError) -> web.Response:
+    return _error_response(exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    incoming = request.headers.get("x-request-id", "")
+    request_id = incoming if _SAFE_ID.match(incoming) else f"req_{uuid.uuid4().hex}"
+    request[REQUEST_ID] = request_id
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except GatewayError as exc:
+        status = exc.status
+        return render(exc)
+    except asyncio.CancelledError:
+        status = 499  # the client went away
+        raise
+    except web.HTTPRequestEntityTooLarge:
+        status = 413
+        return render(PayloadTooLarge("The request body is too large."))
+    except web.HTTPNotFound:
+        status = 404
+        return render(NotFound(f"Unknown path {request.method} {request.path}."))
+    except web.HTTPException as exc:
+        status = exc.status
+        if exc.status < 400:
+            raise
+        return _error_response(
+            exc.status,
+            exc.reason,
+            _STATUS_TYPES.get(exc.status, "api_error"),
+            None,
+            headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")},
+        )
+    except Exception:
+        log.exception("unhandled_error")
+        return _error_response(500, "Internal server error.", "api_error", "internal_error")
+    finally:
+        log.info(
+            "request",
+            method=request.method,
+            path=request.path,
+            status=status,
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+
+
+async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: stream responses get the header before their first byte too."""
+    request_id = request.get(REQUEST_ID)
+    if request_id:
+        response.headers["x-request-id"] = request_id

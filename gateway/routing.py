@@ -1,0 +1,68 @@
+"""Model alias -> ordered routes (provider + provider-side model + thinking policy).
+
+A client asks for a public model id. Configured models map to their routes in order (the next one
+is tried when a route fails before the first byte reached the client). `provider/model` addresses
+a live provider's model directly, e.g. `deepseek/deepseek-chat`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.errors import NotFound
+from gateway.settings import ModelSettings
+from providers.base import ModelCard, Provider
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    provider: Provider
+    model: str
+    thinking: bool | None  # forced by the route; None leaves the client's choice
+
+    @property
+    def provider_name(self) -> str:
+        return self.provider.name
+
+    def thinking_for(self, requested: bool | None) -> bool | None:
+        return self.thinking if self.thinking is not None else requested
+
+
+class Router:
+    def __init__(self, providers: Mapping[str, Provider], models: Mapping[str, ModelSettings]):
+        self.providers = dict(providers)
+        self._routes: dict[str, tuple[Route, ...]] = {}
+        self._owners: dict[str, str] = {}
+        for model_id, model in models.items():
+            routes = tuple(
+                Route(self.providers[r.provider], r.model, r.thinking)
+                for r in model.routes
+                if r.provider in self.providers
+            )
+            if routes:
+                self._routes[model_id] = routes
+                self._owners[model_id] = model.owned_by
+
+    def resolve(self, model: str) -> tuple[Route, ...]:
+        routes = self._routes.get(model)
+        if routes:
+            return routes
+        provider_name, sep, upstream_model = model.partition("/")
+        if sep and upstream_model and provider_name in self.providers:
+            return (Route(self.providers[provider_name], upstream_model, None),)
+        raise NotFound(
+            f"The model '{model}' does not exist or is not served by this gateway. "
+            "GET /v1/models lists the available models.",
+            param="model",
+            code="model_not_found",
+        )
+
+    def cards(self) -> list[ModelCard]:
+        """The public model list (configured models; direct provider/model ids are not listed)."""
+        return [ModelCard(id=m, owned_by=self._owners[m]) for m in self._routes]
+
+    def card(self, model: str) -> ModelCard:
+        if model in self._routes:
+            return ModelCard(id=model, owned_by=self._owners[model])
+        raise NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")

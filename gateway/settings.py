@@ -1,0 +1,215 @@
+"""Typed, frozen settings: `settings.toml` overridden by `GATEWAY_*` environment variables.
+
+Precedence (highest first): environment (`GATEWAY_SERVER__PORT=9000`), the TOML file, defaults.
+Secrets never live in the TOML file: providers name the environment variable holding their key
+(`api_key_env`), and the admin key comes from `GATEWAY_ADMIN__API_KEY`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+ThinkingStyle = Literal["deepseek", "chat_template_kwargs", "reasoning_effort", "none"]
+
+
+class ServerSettings(BaseModel):
+    model_config = _FROZEN
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    grace_period_s: float = Field(default=10.0, ge=0)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    # Seconds between SSE keep-alive comments while a stream waits for its first event.
+    keepalive_s: float = Field(default=15.0, gt=0)
+
+
+class RedisSettings(BaseModel):
+    model_config = _FROZEN
+    url: str = "redis://127.0.0.1:6379/0"
+    # Start a private redis-server under data_dir when `url` is unreachable.
+    embedded: bool = True
+    data_dir: Path = Path(".data/redis")
+    key_prefix: str = "gw:"
+
+
+class LoggingSettings(BaseModel):
+    model_config = _FROZEN
+    format: Literal["json", "console"] = "console"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class AdminSettings(BaseModel):
+    model_config = _FROZEN
+    api_key: SecretStr | None = None
+
+
+class AuthSettings(BaseModel):
+    model_config = _FROZEN
+    # false: no API keys, limits or usage accounting (a private deployment behind its own auth).
+    enabled: bool = True
+
+
+class LimitSettings(BaseModel):
+    model_config = _FROZEN
+    # Reserved completion tokens for a request that sets no max_tokens.
+    default_max_tokens: int = Field(default=4096, gt=0)
+    usage_stream_maxlen: int = Field(default=1_000_000, gt=0)
+
+
+class ProviderSettings(BaseModel):
+    """One configured provider. `kind = "openai"`: an upstream speaking the OpenAI API;
+    `kind = "local"`: the embedded DeepSeek-V3.1 engine."""
+
+    model_config = _FROZEN
+    kind: Literal["openai", "local"] = "openai"
+    base_url: str = ""
+    api_key_env: str | None = None
+    enabled: bool = True
+    thinking_style: ThinkingStyle = "deepseek"
+    # Whether earlier assistant reasoning is sent back upstream in the history.
+    send_reasoning_history: bool = False
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    first_byte_timeout_s: float = Field(default=120.0, gt=0)
+    idle_timeout_s: float = Field(default=120.0, gt=0)
+    max_connections: int = Field(default=256, gt=0)
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> ProviderSettings:
+        if self.kind == "openai" and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError("an openai provider needs base_url starting with http:// or https://")
+        return self
+
+    def api_key(self) -> str | None:
+        """The upstream key, read from the environment when asked (never stored here)."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class RouteSettings(BaseModel):
+    model_config = _FROZEN
+    provider: str
+    model: str
+    # Force DeepSeek thinking on/off on this route (None: the client's choice).
+    thinking: bool | None = None
+
+
+class ModelSettings(BaseModel):
+    model_config = _FROZEN
+    routes: tuple[RouteSettings, ...]
+    owned_by: str = "gateway"
+
+    @field_validator("routes")
+    @classmethod
+    def _non_empty(cls, v: tuple[RouteSettings, ...]) -> tuple[RouteSettings, ...]:
+        if not v:
+            raise ValueError("a model needs at least one route")
+        return v
+
+
+class EngineSettings(BaseModel):
+    """Knobs of the embedded engine (used by providers of kind "local")."""
+
+    model_config = _FROZEN
+    model_path: Path | None = None
+    demo_dir: Path = Path(".data/demo-checkpoint")
+    demo_preset: Literal["tiny", "small"] = "small"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    max_num_seqs: int = Field(default=32, gt=0)
+    max_batch_tokens: int = Field(default=2048, gt=0)
+    block_size: int = Field(default=64, gt=0)
+    cache_memory_mb: int = Field(default=512, gt=0)
+    chunked_prefill: bool = True
+    max_waiting: int = Field(default=256, gt=0)
+    num_threads: int | None = None
+
+
+# Built-in upstreams, enabled only when their key is in the environment.
+PRESETS: dict[str, ProviderSettings] = {
+    "taotoken": ProviderSettings(
+        kind="openai", base_url="https://taotoken.net/api/v1", api_key_env="TAOTOKEN_API_KEY"
+    ),
+    "deepseek": ProviderSettings(
+        kind="openai", base_url="https://api.deepseek.com/v1", api_key_env="DEEPSEEK_API_KEY"
+    ),
+    "openai": ProviderSettings(
+        kind="openai",
+        base_url="https://api.openai.com/v1",
+        api_key_env="OPENAI_API_KEY",
+        thinking_style="reasoning_effort",
+    ),
+}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    server: ServerSettings = ServerSettings()
+    redis: RedisSettings = RedisSettings()
+    logging: LoggingSettings = LoggingSettings()
+    admin: AdminSettings = AdminSettings()
+    auth: AuthSettings = AuthSettings()
+    limits: LimitSettings = LimitSettings()
+    engine: EngineSettings = EngineSettings()
+    providers: dict[str, ProviderSettings] = Field(default_factory=dict)
+    models: dict[str, ModelSettings] = Field(default_factory=dict)
+    # Add the built-in TaoToken / DeepSeek / OpenAI providers whose key env var is set.
+    use_presets: bool = True
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The TOML file arrives as init kwargs; the environment overrides it.
+        return env_settings, init_settings
+
+    @model_validator(mode="after")
+    def _routes_name_providers(self) -> Settings:
+        for model_id, model in self.models.items():
+            for route in model.routes:
+                if route.provider not in self.providers and route.provider not in PRESETS:
+                    raise ValueError(
+                        f"model {model_id!r} routes to unknown provider {route.provider!r}"
+                    )
+        return self
+
+    def live_providers(self) -> tuple[dict[str, ProviderSettings], dict[str, str]]:
+        """Providers to open, and for each one left out, why (for one clear log line)."""
+        live: dict[str, ProviderSettings] = {}
+        skipped: dict[str, str] = {}
+        candidates: dict[str, ProviderSettings] = {}
+        if self.use_presets:
+            candidates.update(PRESETS)
+        candidates.update(self.providers)
+        for name, provider in candidates.items():
+            if not provider.enabled:
+                skipped[name] = "disabled in settings"
+            elif name not in self.providers and not provider.api_key():
+                skipped[name] = f"preset without ${provider.api_key_env}"
+            else:
+                live[name] = provider
+        return live, skipped
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Read the TOML file (`path`, else $GATEWAY_CONFIG, else none) and the environment."""
+    path = path or os.environ.get("GATEWAY_CONFIG")
+    data: dict[str, Any] = {}
+    if path:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    data.update(overrides)
+    return Settings(**data)

@@ -1,0 +1,35 @@
+"""The Provider protocol: one producer of Events per configured provider."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from providers.types import ChatRequest, Event
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    id: str
+    owned_by: str
+    created: int = 0
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """`chat` yields Events in order and ends after a `Finish` (a `Usage` may come before or
+    after it). It raises `providers.errors.ProviderError` subclasses for failures; raising before
+    the first event lets the router fall back to the next route. Cancelling the iterator (the
+    client went away) must release every resource at once (upstream connection, engine blocks).
+    """
+
+    name: str
+
+    def chat(self, request: ChatRequest) -> AsyncGenerator[Event, None]: ...
+
+    async def models(self) -> list[ModelCard]: ...
+
+    async def health(self) -> bool: ...
+
+    async def close(self) -> None: ...

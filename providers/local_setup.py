@@ -1,0 +1,98 @@
+"""Open the local-engine provider: find or build the checkpoint, load, start, stop.
+
+With no model path configured, the random-weight demo checkpoint of the chosen preset is built
+once under `demo_dir/<preset>` (into a temporary directory renamed into place, so a half-written
+build is never reused) and reused on later starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import structlog
+import torch
+
+from backend.checkpoint import INDEX_FILE, load_generation_config
+from backend.demo_checkpoint import PRESETS, write_demo_checkpoint
+from backend.engine import AsyncEngine
+from backend.engine_config import EngineConfig
+from backend.tokenizer import Tokenizer
+from providers.local import LocalProvider
+
+log = structlog.get_logger("providers.local")
+
+DEFAULT_MODEL_ID = "deepseek-v3.1"
+
+
+def default_device() -> str:
+    """The engine device: the GPU ("cuda") when one is visible, else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def demo_checkpoint_dir(demo_dir: Path, preset: str) -> Path:
+    return demo_dir / preset
+
+
+def resolve_checkpoint(model_path: Path | None, demo_dir: Path, demo_preset: str) -> Path:
+    """The checkpoint directory to serve: `model_path`, else the demo checkpoint (built when
+    missing). Blocking: run it in a thread from async code."""
+    if model_path is not None:
+        if not (model_path / "config.json").is_file():
+            raise FileNotFoundError(f"engine.model_path {model_path} has no config.json")
+        return model_path
+    if demo_preset not in PRESETS:
+        raise ValueError(f"unknown demo preset {demo_preset!r}; choose from {sorted(PRESETS)}")
+    target = demo_checkpoint_dir(demo_dir, demo_preset)
+    if (target / INDEX_FILE).is_file():
+        log.info("demo_checkpoint_reused", path=str(target), preset=demo_preset)
+        return target
+    log.info("demo_checkpoint_building", path=str(target), preset=demo_preset)
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{demo_preset}-", dir=demo_dir))
+    try:
+        write_demo_checkpoint(staging, demo_preset)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("demo_checkpoint_built", path=str(target), preset=demo_preset)
+    return target
+
+
+@asynccontextmanager
+async def open_local_provider(
+    name: str,
+    config: EngineConfig,
+    *,
+    model_path: Path | None = None,
+    demo_dir: Path = Path(".data/demo-checkpoint"),
+    demo_preset: str = "small",
+    model_id: str = DEFAULT_MODEL_ID,
+) -> AsyncIterator[LocalProvider]:
+    """A started LocalProvider over `config`'s engine (which sets torch's threads from
+    `config.num_threads`); the engine stops on exit."""
+    checkpoint = await asyncio.to_thread(resolve_checkpoint, model_path, demo_dir, demo_preset)
+    tokenizer = await asyncio.to_thread(Tokenizer.from_dir, checkpoint)
+    generation_config = asdict(load_generation_config(checkpoint))
+    engine = await asyncio.to_thread(AsyncEngine.from_checkpoint, checkpoint, config)
+    engine.start()
+    stats = engine.stats()
+    log.info(
+        "local_engine_started",
+        provider=name,
+        checkpoint=str(checkpoint),
+        kv_blocks=stats.num_total_blocks,
+        block_size=engine.block_size,
+        max_model_len=engine.max_model_len,
+    )
+    try:
+        yield LocalProvider(name, engine, tokenizer, generation_config, model_id)
+    finally:
+        await engine.stop()
+        log.info("local_engine_stopped", provider=name)

@@ -1,0 +1,325 @@
+"""An upstream that speaks the OpenAI API (TaoToken, DeepSeek, OpenAI, vLLM, SGLang).
+
+One `aiohttp.ClientSession` per provider, opened by `open()` (or on first use) and closed by
+`close()`. Requests are streamed from the upstream by default (`stream_upstream`), also for a
+client that asked for one JSON body: the first-byte and idle timeouts then guard every wait and
+usage comes from `stream_options.include_usage`. A JSON answer is parsed too.
+
+Timeouts: `connect_timeout_s` for the TCP/TLS connect; `first_byte_timeout_s` from sending the
+request until the first SSE data frame (keep-alive comments do not count: a queue that never
+serves us is a failure the router can route around); `idle_timeout_s` between reads after that.
+
+The gateway builds `UpstreamConfig` from its `ProviderSettings` (providers/ does not import the
+gateway): name = the provider's key in settings, base_url, api_key = settings.api_key(),
+thinking_style, send_reasoning_history, connect/first_byte/idle timeouts, max_connections and
+headers map one to one; the remaining fields keep their defaults unless the gateway has better.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import aiohttp
+
+from providers import jsoncodec
+from providers.base import ModelCard
+from providers.errors import (
+    ProviderError,
+    UpstreamAuthError,
+    UpstreamBadRequest,
+    UpstreamRateLimited,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from providers.openai_wire import ChunkDecoder, ThinkingStyle, build_body, error_message
+from providers.sse import SSEEvent, SSEParser
+from providers.types import ChatRequest, Event
+
+# How long to wait, after `[DONE]`, for the end of the body before closing the connection.
+_DRAIN_TIMEOUT_S = 1.0
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """`models`: the model ids `models()` lists without asking the upstream (empty: ask)."""
+
+    name: str
+    base_url: str  # ends before "/chat/completions", e.g. "https://api.deepseek.com/v1"
+    api_key: str | None = field(default=None, repr=False)
+    thinking_style: ThinkingStyle = "deepseek"
+    send_reasoning_history: bool = False
+    connect_timeout_s: float = 10.0
+    first_byte_timeout_s: float = 120.0
+    idle_timeout_s: float = 120.0
+    models_timeout_s: float = 10.0
+    health_timeout_s: float = 3.0
+    max_connections: int = 256
+    headers: Mapping[str, str] = field(default_factory=dict)
+    models: tuple[str, ...] = ()
+    stream_upstream: bool = True
+
+
+class OpenAIUpstream:
+    """The Provider for one OpenAI-compatible upstream."""
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.name = config.name
+        self._config = config
+        base = config.base_url.rstrip("/")
+        self._chat_url = base + "/chat/completions"
+        self._completions_url = base + "/completions"
+        self._models_url = base + "/models"
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    async def open(self) -> None:
+        self._open_session()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise UpstreamUnavailable(f"provider {self.name!r} is closed", provider=self.name)
+        if self._session is None:
+            config = self._config
+            headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+            headers.update(config.headers)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=config.max_connections),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s),
+                headers=headers,
+            )
+        return self._session
+
+    async def chat(self, request: ChatRequest) -> AsyncGenerator[Event, None]:
+        config = self._config
+        stream = config.stream_upstream or request.stream
+        body = build_body(
+            request,
+            thinking_style=config.thinking_style,
+            send_reasoning_history=config.send_reasoning_history,
+            stream=stream,
+        )
+        url = self._completions_url if request.prompt is not None else self._chat_url
+        deadline = asyncio.get_running_loop().time() + config.first_byte_timeout_s
+        resp = await self._post(url, body, deadline)
+        try:  # closing a fully read response leaves its connection in the pool
+            if resp.status >= 400:
+                raise await self._http_error(resp)
+            decoder = ChunkDecoder(self.name)
+            out: list[Event] = []
+            if resp.content_type != "text/event-stream":
+                decoder.feed(await self._read_json(resp, deadline), out)
+                decoder.end(out)
+                for event in out:
+                    yield event
+                return
+            parser = SSEParser()
+            first_data_by: float | None = deadline  # None once data flows: idle timeouts apply
+            while True:
+                chunk = await self._read_chunk(resp, first_data_by)
+                frames = parser.feed(chunk) if chunk else parser.flush()
+                if frames:
+                    first_data_by = None
+                failure: ProviderError | None = None
+                try:
+                    done = self._frames(frames, decoder, out)
+                except ProviderError as exc:
+                    failure, done = exc, False  # raised after the events decoded before it
+                ended = done or not chunk
+                if ended and failure is None:
+                    if done or decoder.finished:
+                        decoder.end(out)
+                    else:
+                        failure = self._broken(None)
+                for event in out:
+                    yield event
+                out.clear()
+                if failure is not None:
+                    raise failure
+                if ended:
+                    if chunk:
+                        await self._drain(resp)
+                    return
+        finally:
+            resp.close()
+
+    async def _read_chunk(self, resp: aiohttp.ClientResponse, first_data_by: float | None) -> bytes:
+        """The next body bytes (b"" at the end), within the first-data deadline or idle timeout."""
+        if first_data_by is None:
+            timeout_at = asyncio.get_running_loop().time() + self._config.idle_timeout_s
+        else:
+            timeout_at = first_data_by
+        try:
+            async with asyncio.timeout_at(timeout_at):
+                return await resp.content.readany()
+        except TimeoutError:
+            raise self._timeout("idle" if first_data_by is None else "first byte") from None
+        except aiohttp.ClientError as exc:
+            raise self._broken(exc) from exc
+
+    async def _drain(self, resp: aiohttp.ClientResponse) -> None:
+        """After `[DONE]`: reads to the end of the body, so the connection can be reused."""
+        try:
+            async with asyncio.timeout(_DRAIN_TIMEOUT_S):
+                while await resp.content.readany():
+                    pass
+        except (TimeoutError, aiohttp.ClientError):
+            pass  # the connection is closed instead
+
+    def _frames(self, frames: list[SSEEvent], decoder: ChunkDecoder, out: list[Event]) -> bool:
+        """Decodes SSE frames into `out`; True when `[DONE]` was among them."""
+        for frame in frames:
+            data = frame.data
+            if data == "[DONE]":
+                return True
+            if frame.event == "error":
+                raise UpstreamUnavailable(
+                    f"provider {self.name!r} failed mid-stream: {data[:500]}", provider=self.name
+                )
+            try:
+                chunk = jsoncodec.loads(data)
+            except ValueError:
+                chunk = None
+            if not isinstance(chunk, dict):
+                raise UpstreamUnavailable(
+                    f"provider {self.name!r} sent a malformed stream chunk", provider=self.name
+                )
+            decoder.feed(chunk, out)
+        return False
+
+    async def _post(
+        self, url: str, body: dict[str, Any], deadline: float
+    ) -> aiohttp.ClientResponse:
+        session = self._open_session()
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await session.post(url, data=jsoncodec.dumps(body), headers=_JSON_HEADERS)
+        except aiohttp.ConnectionTimeoutError:
+            raise self._timeout("connect") from None
+        except TimeoutError:
+            raise self._timeout("first byte") from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnavailable(
+                f"provider {self.name!r} is unreachable: {exc}", provider=self.name
+            ) from exc
+
+    async def _read_json(self, resp: aiohttp.ClientResponse, deadline: float) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout_at(deadline + self._config.idle_timeout_s):
+                raw = await resp.read()
+        except TimeoutError:
+            raise self._timeout("idle") from None
+        except aiohttp.ClientError as exc:
+            raise self._broken(exc) from exc
+        try:
+            payload = jsoncodec.loads(raw)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            raise UpstreamUnavailable(
+                f"provider {self.name!r} answered with a body that is not a JSON object",
+                provider=self.name,
+            )
+        return payload
+
+    async def _http_error(self, resp: aiohttp.ClientResponse) -> ProviderError:
+        try:
+            async with asyncio.timeout(self._config.idle_timeout_s):
+                raw = await resp.read()
+            message = error_message(jsoncodec.loads(raw))
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            message = resp.reason or ""
+        return http_error(self.name, resp.status, message, resp.headers.get("Retry-After"))
+
+    def _timeout(self, what: str) -> UpstreamTimeout:
+        return UpstreamTimeout(f"provider {self.name!r} timed out ({what})", provider=self.name)
+
+    def _broken(self, exc: BaseException | None) -> UpstreamUnavailable:
+        detail = f": {exc}" if exc is not None else ""
+        return UpstreamUnavailable(
+            f"provider {self.name!r} broke off the stream{detail}", provider=self.name
+        )
+
+    async def models(self) -> list[ModelCard]:
+        if self._config.models:
+            return [ModelCard(model, self.name) for model in self._config.models]
+        session = self._open_session()
+        try:
+            async with (
+                asyncio.timeout(self._config.models_timeout_s),
+                session.get(self._models_url) as resp,
+            ):
+                if resp.status >= 400:
+                    raise await self._http_error(resp)
+                payload = await resp.json(content_type=None)
+        except TimeoutError:
+            raise self._timeout("models") from None
+        except (aiohttp.ClientError, ValueError) as exc:
+            raise UpstreamUnavailable(
+                f"provider {self.name!r} could not list models: {exc}", provider=self.name
+            ) from exc
+        return [
+            ModelCard(str(m["id"]), str(m.get("owned_by") or self.name), int(m.get("created") or 0))
+            for m in payload.get("data") or ()
+            if isinstance(m, dict) and "id" in m
+        ]
+
+    async def health(self) -> bool:
+        """A cheap GET /models: True when the upstream answers 200 within the health timeout."""
+        try:
+            session = self._open_session()
+            async with (
+                asyncio.timeout(self._config.health_timeout_s),
+                session.get(self._models_url) as resp,
+            ):
+                return resp.status == 200
+        except (TimeoutError, aiohttp.ClientError, ProviderError):
+            return False
+
+
+def http_error(provider: str, status: int, message: str, retry_after: str | None) -> ProviderError:
+    """The ProviderError for an upstream HTTP error status."""
+    seconds = parse_retry_after(retry_after)
+    common: dict[str, Any] = {"provider": provider, "upstream_status": status}
+    if status in (401, 403):
+        return UpstreamAuthError(
+            f"provider {provider!r} rejected the gateway's credentials (HTTP {status})", **common
+        )
+    if status == 429:
+        return UpstreamRateLimited(
+            f"provider {provider!r} is rate limiting: {message}", retry_after=seconds, **common
+        )
+    if status in (408, 504):
+        return UpstreamTimeout(f"provider {provider!r} timed out (HTTP {status})", **common)
+    if status in (400, 404, 413, 422):
+        return UpstreamBadRequest(message or f"HTTP {status}", **common)
+    return UpstreamUnavailable(
+        f"provider {provider!r} failed (HTTP {status}): {message}", retry_after=seconds, **common
+    )
+
+
+def parse_retry_after(value: str | None) -> int | None:
+    """Whole seconds from a Retry-After header (seconds or an HTTP date); None if absent/bad."""
+    if not value:
+        return None
+    try:
+        return max(math.ceil(float(value)), 0)
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(math.ceil(when.timestamp() - time.time()), 0)

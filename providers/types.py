@@ -1,0 +1,151 @@
+"""The normalized contract between the gateway and whatever answers a request.
+
+Every front-end protocol (chat completions, completions, ...) parses into a `ChatRequest` and
+encodes a stream of `Event`s; every provider (upstream HTTP, the local engine) consumes a
+`ChatRequest` and produces `Event`s. Nothing here knows about HTTP on the client side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A complete tool call in a message of the history (or in a final answer)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, "{}" when the call has no arguments
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of the conversation.
+
+    `content` is plain text, or the raw list of OpenAI content parts when the client sent parts
+    (kept as-is so an upstream receives exactly what the client sent; `text` flattens them).
+    """
+
+    role: Role
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The message's text: string content, or the text parts joined."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(
+            str(part.get("text", "")) for part in self.content if part.get("type") == "text"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function tool the model may call. `parameters` is a JSON schema."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling parameters; None means "the provider's or model's default"."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A normalized chat request.
+
+    `model` is the provider-side model id (the router rewrites it from the public alias).
+    `thinking`: True/False forces DeepSeek thinking on/off, None leaves the provider's default.
+    `tool_choice`: "auto" | "none" | "required" | {"type": "function", "function": {"name"}}.
+    `response_format`: the client's object, passed through.
+    `extra`: provider-specific fields a client sent that a pass-through upstream may want.
+    """
+
+    model: str
+    messages: tuple[Message, ...]
+    sampling: Sampling = field(default_factory=Sampling)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    thinking: bool | None = None
+    stream: bool = False
+    user: str | None = None
+    request_id: str = ""
+    # Legacy /v1/completions: a raw prompt instead of messages (no chat template applied).
+    prompt: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- events a provider yields, in order -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+    logprobs: list[dict[str, Any]] | None = None  # OpenAI-shaped logprob entries, when asked
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of tool call number `index`.
+
+    The first fragment of a call carries `id` and `name`; later ones only `arguments_fragment`.
+    """
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments_fragment: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    reason: FinishReason
+
+
+Event = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish

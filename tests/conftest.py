@@ -1,0 +1,27 @@
+"""Shared fixtures: a mock OpenAI-compatible upstream and a free local port."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.mock_upstream import MockUpstream
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+async def mock_upstream() -> AsyncIterator[MockUpstream]:
+    """A started mock upstream; its base URL (ending in /v1) is `mock_upstream.base_url`."""
+    mock = MockUpstream()
+    await mock.start()
+    yield mock
+    await mock.stop()

@@ -1,0 +1,168 @@
+"""A live gateway (the real app factory on a free port) in front of the mock upstream, on the
+real Redis under a unique key prefix, with one user key created through the real key store."""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+from multidict import CIMultiDict
+from redis.asyncio import Redis
+
+from gateway.app import create_app
+from gateway.keys.records import KeyCreate
+from gateway.keys.store import KeyStore
+from gateway.settings import Settings
+from tests.mock_upstream import MockUpstream
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@dataclass
+class RawResponse:
+    status: int
+    headers: CIMultiDict[str]
+    body: bytes
+
+
+@dataclass
+class Gateway:
+    root: str  # http://127.0.0.1:PORT
+    key: str
+    mock: MockUpstream
+    app: web.Application
+    prefix: str
+    max_body_bytes: int
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.root}/v1"
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def sync_client(self, **kw: Any) -> openai.OpenAI:
+        kw.setdefault("max_retries", 0)
+        return openai.OpenAI(
+            base_url=kw.pop("base_url", self.base_url), api_key=kw.pop("api_key", self.key), **kw
+        )
+
+    def async_client(self, **kw: Any) -> openai.AsyncOpenAI:
+        kw.setdefault("max_retries", 0)
+        return openai.AsyncOpenAI(
+            base_url=kw.pop("base_url", self.base_url), api_key=kw.pop("api_key", self.key), **kw
+        )
+
+    async def post_bytes(
+        self,
+        body: bytes,
+        *,
+        path: str = "/v1/chat/completions",
+        headers: dict[str, str] | None = None,
+    ) -> RawResponse:
+        hdrs = self.auth_headers() if headers is None else headers
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{self.root}{path}",
+                data=body,
+                headers={"Content-Type": "application/json", **hdrs},
+            ) as resp,
+        ):
+            return RawResponse(resp.status, CIMultiDict(resp.headers), await resp.read())
+
+    async def post_raw(
+        self, body: dict[str, Any], *, path: str = "/v1/chat/completions"
+    ) -> RawResponse:
+        return await self.post_bytes(json.dumps(body).encode(), path=path)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def gateway_settings(mock: MockUpstream, prefix: str, **overrides: Any) -> Settings:
+    base: dict[str, Any] = {
+        "server": {"host": "127.0.0.1", "port": 0, "max_body_bytes": 64 * 1024},
+        "redis": {"url": REDIS_URL, "embedded": False, "key_prefix": prefix},
+        "logging": {"format": "json", "level": "warning"},
+        "use_presets": False,
+        "providers": {
+            "mock": {
+                "kind": "openai",
+                "base_url": mock.base_url,
+                "first_byte_timeout_s": 5,
+                "idle_timeout_s": 5,
+            },
+            "impatient": {
+                "kind": "openai",
+                "base_url": mock.base_url,
+                "first_byte_timeout_s": 0.3,
+                "idle_timeout_s": 0.3,
+            },
+            "refused": {
+                "kind": "openai",
+                "base_url": f"http://127.0.0.1:{closed_port()}/v1",
+                "connect_timeout_s": 1,
+            },
+        },
+        "models": {
+            "echo-model": {"routes": [{"provider": "mock", "model": "echo"}]},
+            "fallback-model": {
+                "routes": [
+                    {"provider": "mock", "model": "fail-500"},
+                    {"provider": "mock", "model": "echo"},
+                ]
+            },
+            "reasoner-model": {"routes": [{"provider": "mock", "model": "echo", "thinking": True}]},
+        },
+    }
+    base.update(overrides)
+    return Settings(**base)
+
+
+async def start_gateway(settings: Settings) -> tuple[web.AppRunner, str]:
+    app = create_app(settings)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    await web.SockSite(runner, sock).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def redis_prefix() -> AsyncIterator[str]:
+    prefix = f"test:{uuid.uuid4().hex}:"
+    yield prefix
+    client = Redis.from_url(REDIS_URL)
+    keys = [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+@pytest.fixture
+async def gateway(mock_upstream: MockUpstream, redis_prefix: str) -> AsyncIterator[Gateway]:
+    settings = gateway_settings(mock_upstream, redis_prefix)
+    runner, root = await start_gateway(settings)
+    redis = Redis.from_url(REDIS_URL)
+    secret, _ = await KeyStore(redis, prefix=redis_prefix).create(KeyCreate(name="tests"))
+    await redis.aclose()
+    try:
+        yield Gateway(
+            root, secret, mock_upstream, runner.app, redis_prefix, settings.server.max_body_bytes
+        )
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,101 @@
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.settings import load_settings
+
+TOML = """
+[server]
+host = "127.0.0.1"
+port = 8000
+[redis]
+url = "redis://127.0.0.1:6379/0"
+[providers.mock]
+kind = "openai"
+base_url = "http://127.0.0.1:9000/v1"
+api_key_env = "MOCK_API_KEY"
+[models."my-model"]
+routes = [{ provider = "mock", model = "upstream-model-id" }]
+"""
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "settings.toml"
+    path.write_text(TOML)
+    return path
+
+
+def test_reads_the_issue_shape(config: Path) -> None:
+    s = load_settings(config)
+    assert s.server.port == 8000
+    assert s.providers["mock"].base_url == "http://127.0.0.1:9000/v1"
+    assert s.models["my-model"].routes[0].model == "upstream-model-id"
+
+
+def test_environment_overrides_file_and_nested_names(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_SERVER__PORT", "9123")
+    monkeypatch.setenv("GATEWAY_ADMIN__API_KEY", "adm-secret")
+    s = load_settings(config)
+    assert s.server.port == 9123
+    assert s.admin.api_key is not None and s.admin.api_key.get_secret_value() == "adm-secret"
+    assert "adm-secret" not in repr(s)
+
+
+def test_config_path_from_environment(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_CONFIG", str(config))
+    assert "my-model" in load_settings().models
+
+
+def test_settings_are_frozen(config: Path) -> None:
+    s = load_settings(config)
+    with pytest.raises(ValidationError):
+        s.server.port = 1  # type: ignore[misc]
+
+
+def test_provider_key_is_read_from_its_env_var(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = load_settings(config)
+    assert s.providers["mock"].api_key() is None
+    monkeypatch.setenv("MOCK_API_KEY", "up-key")
+    assert s.providers["mock"].api_key() == "up-key"
+
+
+def test_presets_are_live_only_with_their_key(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("TAOTOKEN_API_KEY", "DEEPSEEK_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "sk-x")
+    live, skipped = load_settings(config).live_providers()
+    assert set(live) == {"mock", "deepseek"}
+    assert live["deepseek"].base_url.startswith("https://api.deepseek.com")
+    assert "TAOTOKEN_API_KEY" in skipped["taotoken"]
+    assert "OPENAI_API_KEY" in skipped["openai"]
+
+
+@pytest.mark.parametrize(
+    "snippet, needle",
+    [
+        ('[models."x"]\nroutes = [{ provider = "nope", model = "m" }]\n', "unknown provider"),
+        ('[providers.bad]\nkind = "openai"\nbase_url = "ftp://x"\n', "base_url"),
+        ("[server]\nport = 99999\n", "port"),
+        ("[server]\nprot = 1\n", "prot"),
+    ],
+)
+def test_invalid_settings_fail_clearly(tmp_path: Path, snippet: str, needle: str) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(snippet)
+    with pytest.raises(ValidationError, match=needle):
+        load_settings(path)
+
+
+def test_default_settings_file_loads() -> None:
+    s = load_settings(Path(__file__).parents[2] / "settings.toml")
+    assert s.providers["local"].kind == "local"
+    assert {"deepseek-v3.1", "deepseek-chat", "deepseek-reasoner"} <= set(s.models)
+    assert s.models["deepseek-reasoner"].routes[0].thinking is True

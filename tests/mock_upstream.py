@@ -1,0 +1,449 @@
+"""A mock OpenAI-compatible upstream (aiohttp) for tests and benchmarks.
+
+One server serves many scenarios: the behaviour of each request is chosen by its `model` name,
+`<scenario>[-<option>[-<value>]]...`, e.g. "echo", "echo-chunks-100", "slow-delay-0.2",
+"fail-429", "die-midstream-after-2", "reasoning-content-crlf".
+
+Scenarios (streaming when the request says `stream: true`, one JSON body otherwise; without
+streaming, die-midstream drops the connection, stall hangs and error-midstream answers 500):
+  echo               the last user message's words, one word per chunk; honours max_tokens
+                     (by words; finish "length") and stop strings
+  tools              `calls` tool calls (default 1) to the request's tools, arguments
+                     `{"query": <last user text>}` streamed in fragments; finish "tool_calls"
+  reasoning-content  reasoning in `delta.reasoning_content`, then the echo answer
+  reasoning          reasoning in `delta.reasoning` (newer vLLM), then the echo answer
+  think-inline       `<think>reasoning</think>answer` in content, cut into 4-character chunks
+  fail-<status>      that HTTP status with OpenAI error JSON (Retry-After: 7 on 429 and 503)
+  slow               echo after `delay` seconds (default 1.0) before the response headers
+  keepalive          3 `: keep-alive` comments and blank lines `gap` seconds apart (default
+                     0.01) before the data, and one after every data chunk
+  die-midstream      `after` content chunks (default 3), then the connection is dropped
+  stall              `after` content chunks (default 1), then silence until the client leaves
+  error-midstream    `after` content chunks (default 2), then `data: {"error": ...}`
+  hang               never answers (not even headers) until the client leaves
+Options for every scenario:
+  chunks-N   the answer is exactly N words (the user's words cycled), one chunk each
+  delay-S    seconds before the response headers;  gap-S  seconds between chunks
+  cached-N   usage.prompt_tokens_details.cached_tokens = N
+  hit-N      DeepSeek usage: prompt_cache_hit_tokens = N, prompt_cache_miss_tokens = rest
+  crlf       `\\r\\n` line endings;  nousage  never report usage;  nodone  no `data: [DONE]`
+  json       answer a JSON body even to a streaming request
+Usage: prompt_tokens = `prompt_tokens(body)` (words of every message + 1 per message);
+completion_tokens = words emitted (reasoning included); reasoning_tokens = reasoning words.
+
+`MockUpstream` records every request and every client that left a stream early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+SCENARIOS = (
+    "echo",
+    "tools",
+    "reasoning-content",
+    "reasoning",
+    "think-inline",
+    "fail",
+    "slow",
+    "keepalive",
+    "die-midstream",
+    "stall",
+    "error-midstream",
+    "hang",
+)
+REASONING_TEXT = "The user wants their words back. I will repeat them."
+_WORD = re.compile(r"\S+\s*")
+_FLAGS = frozenset({"crlf", "nousage", "nodone", "json"})
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any  # parsed JSON, or None
+    peer: Any  # the client's (host, port): equal for requests on one kept-alive connection
+
+
+@dataclass
+class Options:
+    scenario: str
+    status: int = 0  # fail-<status>
+    chunks: int | None = None
+    delay: float = 0.0
+    gap: float = 0.0
+    after: int | None = None
+    cached: int | None = None
+    hit: int | None = None
+    calls: int = 1
+    flags: frozenset[str] = frozenset()
+
+
+@dataclass
+class Plan:
+    """What a request is answered with: the deltas after the role chunk, then a finish."""
+
+    deltas: list[dict[str, Any]]
+    finish_reason: str
+    usage: dict[str, Any]
+
+
+def parse_model(model: str) -> Options | None:
+    """Options from a model name, None when it names no scenario."""
+    scenario = next(
+        (
+            s
+            for s in sorted(SCENARIOS, key=len, reverse=True)
+            if model == s or model.startswith(s + "-")
+        ),
+        None,
+    )
+    if scenario is None:
+        return None
+    opts = Options(scenario=scenario, delay=1.0 if scenario == "slow" else 0.0)
+    tokens = model[len(scenario) + 1 :].split("-") if model != scenario else []
+    if scenario == "fail":
+        if not tokens or not tokens[0].isdigit():
+            return None
+        opts.status = int(tokens.pop(0))
+    flags: set[str] = set()
+    while tokens:
+        key = tokens.pop(0)
+        if key in _FLAGS:
+            flags.add(key)
+            continue
+        if not tokens:
+            return None
+        value = tokens.pop(0)
+        try:
+            if key in ("delay", "gap"):
+                setattr(opts, key, float(value))
+            elif key in ("chunks", "after", "cached", "hit", "calls"):
+                setattr(opts, key, int(value))
+            else:
+                return None
+        except ValueError:
+            return None
+    opts.flags = frozenset(flags)
+    return opts
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
+    return ""
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The mock's deterministic prompt token count."""
+    if "prompt" in body:
+        return len(_text(body["prompt"]).split()) + 1
+    messages = body.get("messages") or []
+    return sum(len(_text(m.get("content")).split()) + 1 for m in messages)
+
+
+def _last_user_text(body: dict[str, Any]) -> str:
+    if "prompt" in body:
+        return _text(body["prompt"])
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") == "user":
+            return _text(message.get("content"))
+    return ""
+
+
+def _answer(body: dict[str, Any], opts: Options, budget: int | None) -> tuple[list[str], str]:
+    """The echo answer's words (each keeps its trailing space) and its finish reason."""
+    words = _WORD.findall(_last_user_text(body)) or ["ok"]
+    if opts.chunks is not None:
+        words = [words[i % len(words)].strip() + " " for i in range(opts.chunks)]
+        if words:
+            words[-1] = words[-1].strip()
+    text = "".join(words)
+    stops = body.get("stop") or []
+    cut = min(
+        (i for s in ([stops] if isinstance(stops, str) else stops) if (i := text.find(s)) >= 0),
+        default=-1,
+    )
+    if cut >= 0:
+        words = _WORD.findall(text[:cut])
+    if budget is not None and len(words) > budget:
+        return words[:budget], "length"
+    return words, "stop"
+
+
+def make_plan(body: dict[str, Any], opts: Options) -> Plan:
+    budget = body.get("max_completion_tokens") or body.get("max_tokens")
+    reasoning_words: list[str] = []
+    if opts.scenario in ("reasoning-content", "reasoning", "think-inline"):
+        reasoning_words = _WORD.findall(REASONING_TEXT)
+    answer_budget = None if budget is None else max(budget - len(reasoning_words), 0)
+    words, finish = _answer(body, opts, answer_budget)
+    deltas: list[dict[str, Any]]
+    if opts.scenario == "tools":
+        deltas, finish, words = _tool_deltas(body, opts), "tool_calls", []
+    elif opts.scenario == "think-inline":
+        inline = "<think>" + "".join(reasoning_words) + "</think>" + "".join(words)
+        deltas = [{"content": inline[i : i + 4]} for i in range(0, len(inline), 4)]
+    else:
+        field_name = "reasoning" if opts.scenario == "reasoning" else "reasoning_content"
+        deltas = [{field_name: w} for w in reasoning_words] + [{"content": w} for w in words]
+    n_prompt = prompt_tokens(body)
+    n_completion = len(reasoning_words) + len(words)
+    usage: dict[str, Any] = {
+        "prompt_tokens": n_prompt,
+        "completion_tokens": n_completion,
+        "total_tokens": n_prompt + n_completion,
+    }
+    if reasoning_words:
+        usage["completion_tokens_details"] = {"reasoning_tokens": len(reasoning_words)}
+    if opts.cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": opts.cached}
+    if opts.hit is not None:
+        usage["prompt_cache_hit_tokens"] = opts.hit
+        usage["prompt_cache_miss_tokens"] = n_prompt - opts.hit
+    return Plan(deltas, finish, usage)
+
+
+def _tool_deltas(body: dict[str, Any], opts: Options) -> list[dict[str, Any]]:
+    names = [t["function"]["name"] for t in body.get("tools") or [] if "function" in t] or [
+        "lookup"
+    ]
+    arguments = json.dumps({"query": _last_user_text(body)})
+    deltas: list[dict[str, Any]] = []
+    for index in range(opts.calls):
+        head = {"index": index, "id": f"call_mock{index}", "type": "function"}
+        head["function"] = {"name": names[index % len(names)], "arguments": ""}
+        deltas.append({"tool_calls": [head]})
+        for i in range(0, len(arguments), 8):
+            piece = {"index": index, "function": {"arguments": arguments[i : i + 8]}}
+            deltas.append({"tool_calls": [piece]})
+    return deltas
+
+
+def _message(plan: Plan) -> dict[str, Any]:
+    """The non-streaming message equal to the plan's deltas put together."""
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    calls: dict[int, dict[str, Any]] = {}
+    for delta in plan.deltas:
+        for key in ("content", "reasoning_content", "reasoning"):
+            if key in delta:
+                message[key] = (message.get(key) or "") + delta[key]
+        for piece in delta.get("tool_calls", ()):
+            call = calls.setdefault(
+                piece["index"],
+                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+            )
+            call["id"] = piece.get("id", call["id"])
+            call["function"]["name"] += piece["function"].get("name", "")
+            call["function"]["arguments"] += piece["function"]["arguments"]
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+@dataclass
+class MockUpstream:
+    """Start with `base_url = await mock.start()`; stop with `await mock.stop()`.
+
+    `api_key`: when set, requests without `Authorization: Bearer <api_key>` get 401.
+    `models_status`: the status GET /v1/models answers with (tests flip it to fail health).
+    """
+
+    api_key: str | None = None
+    models_status: int = 200
+    requests: list[RecordedRequest] = field(default_factory=list)
+    disconnects: list[RecordedRequest] = field(default_factory=list)
+    client_disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+    request_arrived: asyncio.Event = field(default_factory=asyncio.Event)  # set on every request
+    streams_completed: int = 0
+    base_url: str = ""  # set by start(): "http://127.0.0.1:<port>/v1"
+    _runner: web.AppRunner | None = None
+    _counter: int = 0
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=0.2
+        )
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock).start()
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        return self.base_url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def wait_disconnect(self, within_s: float = 5.0) -> RecordedRequest:
+        """The first recorded early disconnect, waiting up to `within_s` seconds for it."""
+        async with asyncio.timeout(within_s):
+            await self.client_disconnected.wait()
+        return self.disconnects[0]
+
+    def _record(self, request: web.Request, body: Any) -> RecordedRequest:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        recorded = RecordedRequest(request.method, request.path, dict(request.headers), body, peer)
+        self.requests.append(recorded)
+        self.request_arrived.set()
+        return recorded
+
+    def _denied(self, request: web.Request) -> bool:
+        return self.api_key is not None and (
+            request.headers.get("Authorization") != f"Bearer {self.api_key}"
+        )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._record(request, None)
+        if self._denied(request):
+            return _error(401, "Incorrect API key provided")
+        if self.models_status != 200:
+            return _error(self.models_status, "models unavailable")
+        data = [{"id": s, "object": "model", "created": 0, "owned_by": "mock"} for s in SCENARIOS]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        recorded = self._record(request, body)
+        if self._denied(request):
+            return _error(401, "Incorrect API key provided")
+        opts = parse_model(str(body.get("model", "")))
+        if opts is None:
+            return _error(404, f"The model `{body.get('model')}` does not exist")
+        self._counter += 1
+        try:
+            if opts.delay:
+                await asyncio.sleep(opts.delay)
+            if opts.scenario == "hang":
+                await asyncio.Event().wait()
+            if opts.scenario == "fail":
+                return _error(opts.status, f"mock failure {opts.status}")
+            plan = make_plan(body, opts)
+            legacy = request.path.endswith("/completions") and "messages" not in body
+            if body.get("stream") and "json" not in opts.flags:
+                return await self._stream(request, body, opts, plan, legacy)
+            if opts.scenario == "error-midstream":
+                return _error(500, "mock midstream failure")
+            if opts.scenario in ("die-midstream", "stall"):
+                return await self._break_stream(request, web.StreamResponse(), opts, "\n")
+            return web.json_response(self._full(body, plan, legacy))
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.disconnects.append(recorded)
+            self.client_disconnected.set()
+            raise
+
+    def _full(self, body: dict[str, Any], plan: Plan, legacy: bool) -> dict[str, Any]:
+        message = _message(plan)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": plan.finish_reason}
+        if legacy:
+            choice["text"] = message["content"] or ""
+        else:
+            choice["message"] = message
+        return {
+            "id": f"chatcmpl-mock{self._counter}",
+            "object": "text_completion" if legacy else "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [choice],
+            "usage": plan.usage,
+        }
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], opts: Options, plan: Plan, legacy: bool
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        eol = "\r\n" if "crlf" in opts.flags else "\n"
+        envelope = {
+            "id": f"chatcmpl-mock{self._counter}",
+            "object": "text_completion" if legacy else "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body["model"],
+        }
+        with_logprobs = bool(body.get("logprobs"))
+
+        async def frame(choices: list[dict[str, Any]], **extra: Any) -> None:
+            payload = json.dumps({**envelope, "choices": choices, **extra})
+            await resp.write(f"data: {payload}{eol}{eol}".encode())
+
+        def choice(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            if legacy:
+                return {"index": 0, "text": delta.get("content", ""), "finish_reason": finish}
+            out: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            if with_logprobs and "content" in delta:
+                token = delta["content"]
+                entry = {"token": token, "logprob": -0.5, "bytes": list(token.encode())}
+                out["logprobs"] = {"content": [{**entry, "top_logprobs": []}]}
+            return out
+
+        keepalive = f": keep-alive{eol}{eol}{eol}".encode()
+        if opts.scenario == "keepalive":
+            for _ in range(3):
+                await resp.write(keepalive)
+                await asyncio.sleep(opts.gap or 0.01)
+        if not legacy:
+            await frame([choice({"role": "assistant", "content": ""})])
+        after = opts.after
+        if after is None:
+            after = {"die-midstream": 3, "stall": 1, "error-midstream": 2}.get(opts.scenario)
+        for i, delta in enumerate(plan.deltas):
+            if i == after:
+                return await self._break_stream(request, resp, opts, eol)
+            await frame([choice(delta)])
+            if opts.scenario == "keepalive":
+                await resp.write(keepalive)
+            if opts.gap:
+                await asyncio.sleep(opts.gap)
+        if after is not None:
+            return await self._break_stream(request, resp, opts, eol)
+        await frame([choice({}, plan.finish_reason)])
+        stream_options = body.get("stream_options") or {}
+        if stream_options.get("include_usage") and "nousage" not in opts.flags:
+            await frame([], usage=plan.usage)
+        if "nodone" not in opts.flags:
+            await resp.write(f"data: [DONE]{eol}{eol}".encode())
+        await resp.write_eof()
+        self.streams_completed += 1
+        return resp
+
+    async def _break_stream(
+        self, request: web.Request, resp: web.StreamResponse, opts: Options, eol: str
+    ) -> web.StreamResponse:
+        """Ends a stream the broken way its scenario names."""
+        if opts.scenario == "error-midstream":
+            error = {"error": {"message": "mock midstream failure", "type": "server_error"}}
+            await resp.write(f"data: {json.dumps(error)}{eol}{eol}".encode())
+            await resp.write_eof()
+            return resp
+        if opts.scenario == "die-midstream":
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
+        await asyncio.Event().wait()  # stall: until the client leaves (cancels this handler)
+        return resp
+
+
+def _error(status: int, message: str) -> web.Response:
+    headers = {"Retry-After": "7"} if status in (429, 503) else {}
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    error = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return web.json_response(error, status=status, headers=headers)
