@@ -19,11 +19,13 @@ from providers.types import Usage
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """An authenticated caller. `models` None means every model."""
+    """An authenticated caller. `models` None means every model. `credential` is the access
+    control's own handle on the presented secret (e.g. its digest), never the secret itself."""
 
     key_id: str
     name: str
     models: frozenset[str] | None = None
+    credential: str = ""
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models

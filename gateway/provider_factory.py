@@ -1,8 +1,8 @@
 """Open the configured providers for the life of the app, and close them on exit.
 
 `open_providers` yields one Provider per live provider in settings (`Settings.live_providers`):
-kind "openai" -> `OpenAIUpstream`, kind "local" -> the embedded engine (`open_local_provider`,
-whose engine stats also become Prometheus gauges in the app's registry).
+kind "openai" -> `OpenAIUpstream`, kind "local" -> the embedded engine
+(`gateway.local_engine`, whose engine stats also become Prometheus gauges in the app's registry).
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import structlog
 
-from backend.engine_config import EngineConfig
-from gateway.engine_metrics import register_engine_metrics
 from gateway.metrics import Metrics
-from gateway.settings import EngineSettings, ProviderSettings, Settings
+from gateway.settings import ProviderSettings, Settings
 from providers.base import Provider
-from providers.local_setup import default_device, open_local_provider
 from providers.openai_upstream import OpenAIUpstream, UpstreamConfig
 
 log = structlog.get_logger("gateway.providers")
@@ -38,20 +35,6 @@ def upstream_config(name: str, settings: ProviderSettings) -> UpstreamConfig:
     )
 
 
-def engine_config(engine: EngineSettings, device: str) -> EngineConfig:
-    return EngineConfig(
-        max_num_seqs=engine.max_num_seqs,
-        max_batch_tokens=engine.max_batch_tokens,
-        block_size=engine.block_size,
-        cache_memory_bytes=engine.cache_memory_mb * 1024 * 1024,
-        chunked_prefill=engine.chunked_prefill,
-        max_waiting=engine.max_waiting,
-        dtype=engine.dtype,
-        device=device,
-        num_threads=engine.num_threads,
-    )
-
-
 @asynccontextmanager
 async def open_providers(
     settings: Settings, metrics: Metrics
@@ -68,18 +51,12 @@ async def open_providers(
     async with AsyncExitStack() as stack:
         for name, provider_settings in live.items():
             if provider_settings.kind == "local":
-                engine = settings.engine
-                local = await stack.enter_async_context(
-                    open_local_provider(
-                        name,
-                        engine_config(engine, default_device()),
-                        model_path=engine.model_path,
-                        demo_dir=engine.demo_dir,
-                        demo_preset=engine.demo_preset,
-                    )
+                # Imported here: it loads torch, which a gateway of upstreams never needs.
+                from gateway.local_engine import open_local_engine
+
+                providers[name] = await stack.enter_async_context(
+                    open_local_engine(name, settings.engine, metrics)
                 )
-                stack.callback(register_engine_metrics(metrics.registry, name, local.engine_stats))
-                providers[name] = local
             else:
                 upstream = OpenAIUpstream(upstream_config(name, provider_settings))
                 stack.push_async_callback(upstream.close)

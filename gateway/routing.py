@@ -7,6 +7,7 @@ a live provider's model directly, e.g. `deepseek/deepseek-chat`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ class Route:
 class Router:
     def __init__(self, providers: Mapping[str, Provider], models: Mapping[str, ModelSettings]):
         self.providers = dict(providers)
+        self._created = int(time.time())  # what /v1/models reports as each model's `created`
         self._routes: dict[str, tuple[Route, ...]] = {}
         self._owners: dict[str, str] = {}
         for model_id, model in models.items():
@@ -60,9 +62,9 @@ class Router:
 
     def cards(self) -> list[ModelCard]:
         """The public model list (configured models; direct provider/model ids are not listed)."""
-        return [ModelCard(id=m, owned_by=self._owners[m]) for m in self._routes]
+        return [ModelCard(m, self._owners[m], self._created) for m in self._routes]
 
     def card(self, model: str) -> ModelCard:
         if model in self._routes:
-            return ModelCard(id=model, owned_by=self._owners[model])
+            return ModelCard(model, self._owners[model], self._created)
         raise NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")

@@ -121,6 +121,7 @@ class EngineSettings(BaseModel):
     demo_dir: Path = Path(".data/demo-checkpoint")
     demo_preset: Literal["tiny", "small"] = "small"
     dtype: Literal["float32", "bfloat16"] = "float32"
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: the GPU when one is visible
     max_num_seqs: int = Field(default=32, gt=0)
     max_batch_tokens: int = Field(default=2048, gt=0)
     block_size: int = Field(default=64, gt=0)

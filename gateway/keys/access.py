@@ -11,12 +11,18 @@ from redis.asyncio import Redis
 from gateway.access import Grant, Outcome, Principal, Ticket
 from gateway.errors import AuthenticationError
 from gateway.keys.limiter import Limiter
-from gateway.keys.store import SECRET_PREFIX, KeyStore
+from gateway.keys.store import SECRET_PREFIX, KeyStore, digest
 from gateway.keys.usage import usage_entry
 
 
 class RedisAccessControl:
     """Authenticates by secret digest, admits and settles with one Lua script each.
+
+    `authenticate` keeps what it learnt about a digest for `auth_cache_s` seconds, so a request
+    costs two Redis round trips (admit, settle), not three. That is safe because admission
+    re-checks the key as it is in Redis on every request: a key revoked, rotated, disabled,
+    expired or restricted on any replica is refused by the very next admission everywhere.
+    (Only endpoints without admission, such as the model list, may see a cached answer.)
 
     `slot_ttl_s` bounds how long a request may hold its concurrency slot and reservation; a
     replica that dies mid-request leaks them for at most that long. `clock` (epoch seconds) is
@@ -30,6 +36,8 @@ class RedisAccessControl:
         prefix: str,
         usage_stream_maxlen: int,
         slot_ttl_s: float = 1800.0,
+        auth_cache_s: float = 2.0,
+        auth_cache_size: int = 10_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = KeyStore(redis, prefix=prefix, clock=clock)
@@ -41,12 +49,20 @@ class RedisAccessControl:
             clock=clock,
         )
         self._clock = clock
+        self._cache: dict[str, tuple[float, Principal]] = {}
+        self._cache_s = auth_cache_s
+        self._cache_size = auth_cache_size
 
     async def authenticate(self, token: str | None) -> Principal:
         if not token:
             raise AuthenticationError(
                 "No API key provided; send it as 'Authorization: Bearer sk-...'."
             )
+        hexdigest = digest(token)
+        now = time.monotonic()
+        cached = self._cache.get(hexdigest)
+        if cached is not None and cached[0] > now:
+            return cached[1]
         record = await self.store.lookup(token) if token.startswith(SECRET_PREFIX) else None
         if record is None:
             raise AuthenticationError("Incorrect API key provided.")
@@ -55,11 +71,20 @@ class RedisAccessControl:
         if record.is_expired(datetime.fromtimestamp(self._clock(), UTC)):
             raise AuthenticationError("This API key has expired.")
         models = None if record.models is None else frozenset(record.models)
-        return Principal(key_id=record.id, name=record.name, models=models)
+        principal = Principal(record.id, record.name, models, credential=hexdigest)
+        if len(self._cache) >= self._cache_size:
+            self._cache.clear()
+        self._cache[hexdigest] = (now + self._cache_s, principal)
+        return principal
 
     async def admit(self, ticket: Ticket) -> Grant:
+        principal = ticket.principal
         admission = await self._limiter.admit(
-            ticket.principal.key_id, ticket.prompt_tokens, ticket.max_tokens
+            principal.key_id,
+            principal.credential,
+            ticket.model,
+            ticket.prompt_tokens,
+            ticket.max_tokens,
         )
         return Grant(
             ticket=ticket,

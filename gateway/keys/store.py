@@ -1,8 +1,9 @@
 """API keys in Redis: create, read, change, revoke, rotate, and look up by secret.
 
 Layout (all under the configured prefix, see `KeySpace`):
-  key:{id}            hash: `record` (the KeyRecord JSON), `digest`, and the limits the Lua
-                      scripts read (`rpm`, `tpm`, `conc`, `budget`, `period`; absent = no limit)
+  key:{id}            hash: `record` (the KeyRecord JSON), `digest`, what admission re-checks
+                      (`disabled`, `expires_ms`, `models` as "\nm1\nm2\n") and the limits the
+                      Lua scripts read (`rpm`, `tpm`, `conc`, `budget`, `period`; absent = none)
   key-digest:{sha256} string: the key id, so a secret is found by its digest
   keys                set of key ids
 Secrets (`sk-` + 43 url-safe characters) are returned once by `create` and `rotate` and never
@@ -90,6 +91,13 @@ class KeySpace:
 def _hash(record: KeyRecord, hexdigest: str) -> dict[str, str]:
     """The hash fields stored for a record: the JSON plus the limits Lua reads."""
     fields = {"record": record.model_dump_json(), "digest": hexdigest}
+    # What admission re-checks on every request (the authenticate cache may be seconds old).
+    if record.disabled:
+        fields["disabled"] = "1"
+    if record.expires_at is not None:
+        fields["expires_ms"] = str(int(record.expires_at.timestamp() * 1000))
+    if record.models is not None:
+        fields["models"] = "\n" + "".join(f"{m}\n" for m in record.models)
     limits = {
         "rpm": record.rpm,
         "tpm": record.tpm,

@@ -151,7 +151,7 @@ async def test_models_list_and_get(gateway: Gateway) -> None:
     ids = [m.id async for m in client.models.list()]
     assert {"echo-model", "fallback-model"} <= set(ids)
     model = await client.models.retrieve("echo-model")
-    assert model.id == "echo-model" and model.object == "model"
+    assert model.id == "echo-model" and model.object == "model" and model.created > 0
     with pytest.raises(openai.NotFoundError):
         await client.models.retrieve("no-such-model")
 

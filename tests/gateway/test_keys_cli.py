@@ -14,7 +14,7 @@ import structlog
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from gateway.access import Outcome, Principal, Ticket
+from gateway.access import Outcome, Ticket
 from gateway.keys import cli
 from gateway.keys.access import RedisAccessControl
 from providers.types import Usage
@@ -87,12 +87,13 @@ def test_bad_input_creates_nothing(prefix: str, capsys: pytest.CaptureFixture[st
 
 
 def test_usage_totals(prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
-    key_id = run(capsys, "keys", "create", "--name", "u")[1]["id"]
+    created = run(capsys, "keys", "create", "--name", "u")[1]
+    key_id = created["id"]
 
     async def spend() -> None:
         redis = Redis()
         access = RedisAccessControl(redis, prefix=prefix, usage_stream_maxlen=10)
-        principal = Principal(key_id=key_id, name="u")
+        principal = await access.authenticate(created["key"])
         for model, completion in (("a", 5), ("b", 7), ("b", 1)):
             grant = await access.admit(Ticket(principal, model, "req", 3, 10))
             await access.settle(grant, Outcome(Usage(3, completion), 200))

@@ -70,8 +70,15 @@ async def spent(access: RedisAccessControl, redis: Redis, key_id: str, stamp: st
 
 
 async def test_authenticate_refuses_missing_unknown_disabled_expired_and_revoked(
-    access: RedisAccessControl, clock: Clock
+    access: RedisAccessControl, clock: Clock, redis: Redis
 ) -> None:
+    uncached = RedisAccessControl(
+        redis,
+        prefix=access.store.space.prefix,
+        usage_stream_maxlen=3,
+        auth_cache_s=0,
+        clock=clock,
+    )
     expires = datetime.fromtimestamp(START, UTC) + timedelta(hours=1)
     secret, principal = await make_key(access, models=["a"], expires_at=expires)
     assert principal.models == frozenset({"a"}) and principal.name == "t"
@@ -80,18 +87,45 @@ async def test_authenticate_refuses_missing_unknown_disabled_expired_and_revoked
             await access.authenticate(token)
     await access.store.update(principal.key_id, KeyUpdate(disabled=True))
     with pytest.raises(AuthenticationError, match="disabled"):
-        await access.authenticate(secret)
+        await uncached.authenticate(secret)
     await access.store.update(principal.key_id, KeyUpdate(disabled=False))
-    assert await access.authenticate(secret) == principal
+    assert await uncached.authenticate(secret) == principal
     clock.now += 3600
     with pytest.raises(AuthenticationError, match="expired"):
-        await access.authenticate(secret)
+        await uncached.authenticate(secret)
     clock.now -= 1
     await access.store.revoke(principal.key_id)
     with pytest.raises(AuthenticationError):
-        await access.authenticate(secret)
+        await uncached.authenticate(secret)
     with pytest.raises(AuthenticationError, match="revoked"):
         await access.admit(ticket(principal, 1, 1))
+
+
+async def test_admission_rechecks_what_the_auth_cache_may_not_know(
+    access: RedisAccessControl, clock: Clock
+) -> None:
+    """authenticate may answer from its cache for a few seconds; admission never does."""
+    expires = datetime.fromtimestamp(START, UTC) + timedelta(hours=1)
+    secret, principal = await make_key(access, models=["a", "b"], expires_at=expires)
+    assert await access.authenticate(secret) is principal  # served from the cache
+    await access.admit(ticket(principal, 1, 1, model="a"))
+    await access.store.update(principal.key_id, KeyUpdate(models=["b"]))
+    with pytest.raises(PermissionDenied) as denied:
+        await access.admit(ticket(principal, 1, 1, model="a"))
+    assert denied.value.code == "model_not_allowed"
+    await access.store.update(principal.key_id, KeyUpdate(disabled=True))
+    with pytest.raises(AuthenticationError, match="disabled"):
+        await access.admit(ticket(principal, 1, 1, model="b"))
+    await access.store.update(principal.key_id, KeyUpdate(disabled=False))
+    clock.now += 3600
+    with pytest.raises(AuthenticationError, match="expired"):
+        await access.admit(ticket(principal, 1, 1, model="b"))
+    clock.now -= 3600
+    rotated, _ = await access.store.rotate(principal.key_id)
+    with pytest.raises(AuthenticationError, match="revoked"):
+        await access.admit(ticket(principal, 1, 1, model="b"))
+    fresh = await access.authenticate(rotated)
+    await access.admit(ticket(fresh, 1, 1, model="b"))
 
 
 def test_require_model() -> None:

@@ -1,19 +1,30 @@
--- Admit one request: reserve its worst case against budget, TPM and concurrency, count it
--- against RPM. Either everything is reserved or nothing changes.
+-- Admit one request: check the key as it is now, reserve the worst case against budget, TPM
+-- and concurrency, count it against RPM. Either everything is reserved or nothing changes.
 -- KEYS: 1 key:{id} hash, 2 slots zset, 3 held hash, 4 rpm window, 5 tpm window,
 --       6 spent (all), 7 spent (day), 8 spent (month)
 -- ARGV: 1 now (ms), 2 request token, 3 prompt tokens, 4 max_tokens, 5 slot ttl (ms),
---       6 ms until the current minute window resets
+--       6 ms until the current minute window resets, 7 the presented secret's digest, 8 model
 -- Returns {0, max_tokens granted, reserved, rpm, rpm left, tpm, tpm left} (-1: no limit),
---   {1} unknown key, {2, budget left} over budget, {3, retry ms, limit name, limit} rate limited.
+--   {1, why} key refused (revoked, rotated, disabled, expired), {2, budget left} over budget,
+--   {3, retry ms, limit name, limit} rate limited, {4} model not allowed for this key.
 local now, token = tonumber(ARGV[1]), ARGV[2]
 local prompt, grant = tonumber(ARGV[3]), tonumber(ARGV[4])
 local ttl, reset = tonumber(ARGV[5]), tonumber(ARGV[6])
 
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {1}
+local f = redis.call('HMGET', KEYS[1], 'rpm', 'tpm', 'conc', 'budget', 'period',
+                     'digest', 'disabled', 'expires_ms', 'models')
+if not f[6] or f[6] ~= ARGV[7] then
+  return {1, 'revoked'}
 end
-local f = redis.call('HMGET', KEYS[1], 'rpm', 'tpm', 'conc', 'budget', 'period')
+if f[7] then
+  return {1, 'disabled'}
+end
+if f[8] and tonumber(f[8]) <= now then
+  return {1, 'expired'}
+end
+if f[9] and not string.find(f[9], '\n' .. ARGV[8] .. '\n', 1, true) then
+  return {4}
+end
 local rpm, tpm, conc, budget = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
 
 -- Slots past their deadline belong to requests whose replica died: drop them and their tokens.

@@ -6,7 +6,7 @@
 --       10 usage stream
 -- ARGV: 1 request token, 2 reserved tokens, 3 used tokens (prompt + completion), 4 UTC day,
 --       5 ttl of a day's spent counter (ms), 6 ttl of a month's (ms), 7 stream maxlen,
---       8 n counters, then n (field, increment) pairs, then the stream entry's field/value pairs
+--       8 JSON object {counter field: increment}, 9 JSON object {stream field: value}
 -- Returns the tokens charged against the budget.
 local token, reserved, used = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
@@ -40,14 +40,14 @@ else
   charge = 0
 end
 
-local n = tonumber(ARGV[8])
-for i = 0, n - 1 do
-  redis.call('HINCRBY', KEYS[8], ARGV[9 + 2 * i], ARGV[10 + 2 * i])
+for field, increment in pairs(cjson.decode(ARGV[8])) do
+  redis.call('HINCRBY', KEYS[8], field, increment)
 end
 redis.call('SADD', KEYS[9], ARGV[4])
 local entry = {}
-for i = 9 + 2 * n, #ARGV do
-  entry[#entry + 1] = ARGV[i]
+for field, value in pairs(cjson.decode(ARGV[9])) do
+  entry[#entry + 1] = field
+  entry[#entry + 1] = value
 end
 entry[#entry + 1] = 'charged_tokens'
 entry[#entry + 1] = charge
