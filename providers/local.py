@@ -32,7 +32,7 @@ from backend.tokenizer import Tokenizer
 from providers.base import ModelCard
 from providers.errors import InvalidRequest, Overloaded, UpstreamUnavailable
 from providers.local_stream import TokenTranslator
-from providers.types import ChatRequest, Event, Finish, FinishReason, Message, Tool, Usage
+from providers.types import ChatRequest, Event, Finish, FinishReason, Tool, Usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,21 +43,6 @@ class _Prompt:
     parse: bool  # chat: parse reasoning and tool calls; completion: plain text
     thinking: bool  # the prompt ends in <think>: output starts as reasoning
     tools_enabled: bool
-
-
-def _message_dict(message: Message) -> dict[str, Any]:
-    """A Message as the OpenAI dict the chat template reads (earlier reasoning left out)."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.name is not None:
-        out["name"] = message.name
-    if message.tool_calls:
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    return out
 
 
 def _tool_dict(tool: Tool) -> dict[str, Any]:
@@ -172,7 +157,7 @@ class LocalProvider:
         tools = [_tool_dict(t) for t in request.tools] if request.tool_choice != "none" else []
         try:
             ids = tokenizer.encode_chat(
-                [_message_dict(m) for m in request.messages],
+                [m.openai_dict() for m in request.messages],
                 thinking=bool(request.thinking),
                 tools=tools or None,
             )

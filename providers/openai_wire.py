@@ -109,18 +109,11 @@ def build_body(
 
 
 def _message(message: Message, send_reasoning: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role}
-    content = message.content
-    out["content"] = "" if content is None and not message.tool_calls else content
-    if message.name is not None:
-        out["name"] = message.name
-    if message.tool_calls:
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
+    out = message.openai_dict()
+    if message.role == "developer":
+        out["role"] = "system"
+    if message.content is None and not message.tool_calls:
+        out["content"] = ""
     if send_reasoning and message.reasoning_content and message.role == "assistant":
         out["reasoning_content"] = message.reasoning_content
     return out

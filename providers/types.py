@@ -38,6 +38,25 @@ class Message:
     tool_call_id: str | None = None
     reasoning_content: str | None = None
 
+    def openai_dict(self) -> dict[str, Any]:
+        """The message as the OpenAI chat API (and the chat template) spells it; reasoning is
+        left to the caller, whose policy on earlier reasoning differs."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
     @property
     def text(self) -> str:
         """The message's text: string content, or the text parts joined."""
