@@ -56,6 +56,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         providers = await stack.enter_async_context(open_providers(settings, app[METRICS]))
         router = Router(providers, settings.models)
         app[ROUTER] = router
-        app[PIPELINE] = Pipeline(router, access, app[METRICS], settings.limits.default_max_tokens)
+        pipeline = Pipeline(router, access, app[METRICS], settings.limits.default_max_tokens)
+        stack.push_async_callback(pipeline.drain)  # settle everything before Redis closes
+        app[PIPELINE] = pipeline
         log.info("gateway_ready", models=[c.id for c in router.cards()])
         yield

@@ -1,8 +1,9 @@
 """The request path after parsing: route -> admit -> provider (with fallback) -> encode -> settle.
 
 One `Pipeline` per app. `serve` answers one chat or completions request, streaming frame by
-frame or as one JSON body, and settles usage in a `finally` whatever happened (success, provider
-error, client disconnect).
+frame or as one JSON body, and settles usage from a `finally` whatever happened (success, provider
+error, client disconnect). Settlement runs beside the response rather than before it; `drain`
+waits for it (the app does on shutdown, so nothing is lost).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class StreamEncoder(Protocol):
     def start(self) -> bytes: ...
     def encode(self, event: Event) -> bytes | None: ...
     def close(self, finish: FinishReason | None = None) -> list[bytes]: ...
+    def fail(self, error: GatewayError) -> bytes:
+        """The frame that reports a failure after the stream started (instead of `close`)."""
+        ...
 
 
 class Aggregator(Protocol):
@@ -129,6 +133,12 @@ class Pipeline:
         self.access = access
         self.metrics = metrics
         self.default_max_tokens = default_max_tokens
+        self._settling: set[asyncio.Task[None]] = set()
+
+    async def drain(self) -> None:
+        """Wait until every finished request has been settled (shutdown; tests)."""
+        while self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
 
     async def serve(
         self, request: web.Request, principal: Principal, chat: ChatRequest, wire: Wire
@@ -168,7 +178,11 @@ class Pipeline:
         finally:
             self.metrics.in_flight.dec()
             outcome = self._outcome(ticket, tally, route, chat, started, status, error_code)
-            await asyncio.shield(asyncio.ensure_future(self._settle(grant, outcome, wire)))
+            # Settled in a task of its own: the client's answer does not wait for the
+            # bookkeeping, a cancelled handler cannot lose it, and `drain` awaits it on shutdown.
+            task = asyncio.ensure_future(self._settle(grant, outcome, wire))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
 
     async def _open(
         self, routes: tuple[Route, ...], chat: ChatRequest, sampling: Sampling, tally: _Tally
@@ -235,7 +249,7 @@ class Pipeline:
             exc.provider = exc.provider or "upstream"
             err = provider_error_to_gateway(exc)
             log.warning("stream_failed", code=err.code, error=err.message)
-            await resp.write(b"data: " + jsoncodec.dumps(err.body()) + b"\n\n")
+            await resp.write(encoder.fail(err))
             tally.finish = None
             return resp
         finally:

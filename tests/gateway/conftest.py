@@ -18,6 +18,7 @@ from multidict import CIMultiDict
 from redis.asyncio import Redis
 
 from gateway.app import create_app
+from gateway.appkeys import PIPELINE
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
 from gateway.settings import Settings
@@ -45,6 +46,10 @@ class Gateway:
     @property
     def base_url(self) -> str:
         return f"{self.root}/v1"
+
+    async def settled(self) -> None:
+        """Wait until the gateway has settled every finished request (usage, limits)."""
+        await self.app[PIPELINE].drain()
 
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}

@@ -340,12 +340,18 @@ async def test_a_restart_loses_no_usage_and_no_keys(
             assert (await chat(session, first, key))[0] == 200
     async with live(mock_upstream, redis_prefix) as second:
         assert (await chat(session, second, key))[0] == 200
-        async with session.get(
-            f"{second}/admin/usage",
-            params={"key_id": key_id, "group_by": "day"},
-            headers=ADMIN_AUTH,
-        ) as resp:
-            report = await resp.json()
+        report: dict[str, Any] = {}
+
+        async def all_three() -> bool:
+            async with session.get(
+                f"{second}/admin/usage",
+                params={"key_id": key_id, "group_by": "day"},
+                headers=ADMIN_AUTH,
+            ) as resp:
+                report.update(await resp.json())
+            return bool(report["totals"]["requests"] == 3)
+
+        await eventually(all_three)
     assert report["totals"]["requests"] == 3
     assert report["totals"]["prompt_tokens"] == 3 * 6
     assert report["totals"]["completion_tokens"] == 3 * 5

@@ -314,6 +314,7 @@ async def test_health_ready_metrics(gateway: Gateway) -> None:
             assert body["checks"]["provider:refused"] is False
             assert r.status == 503
         await gateway.async_client().chat.completions.create(model="echo-model", messages=USER)
+        await gateway.settled()  # metrics are recorded as the request is settled
         async with session.get(f"{gateway.root}/metrics") as r:
             text = await r.text()
             assert r.status == 200
