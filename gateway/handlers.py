@@ -14,6 +14,8 @@ from gateway.middleware import REQUEST_ID
 from gateway.wire.chat_request import parse_chat, parse_completion
 from gateway.wire.chat_response import ChatWire
 from gateway.wire.completion_response import CompletionWire
+from gateway.wire.responses_request import parse_responses
+from gateway.wire.responses_response import ResponsesWire
 from providers import jsoncodec
 from providers.base import ModelCard
 
@@ -55,6 +57,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
         echo=chat.prompt or "" if body.echo else "",
     )
     return await request.app[PIPELINE].serve(request, principal, chat, wire)
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    principal = await authenticate(request)
+    parsed = parse_responses(await read_json(request), request[REQUEST_ID])
+    wire = ResponsesWire(parsed.echo, parsed.tool_names)
+    return await request.app[PIPELINE].serve(request, principal, parsed.chat, wire)
 
 
 def _card(card: ModelCard) -> dict[str, Any]:
@@ -106,6 +115,7 @@ def routes() -> list[web.RouteDef]:
         table += [
             web.post(f"{prefix}/chat/completions", chat_completions),
             web.post(f"{prefix}/completions", completions),
+            web.post(f"{prefix}/responses", responses),
             web.get(f"{prefix}/models", list_models),
             web.get(f"{prefix}/models/{{model:.+}}", get_model),
         ]

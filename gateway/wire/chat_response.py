@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gateway.errors import GatewayError
 from providers import jsoncodec
 from providers.types import (
     Event,
@@ -123,6 +124,10 @@ class ChatStreamEncoder:
             )
         frames.append(DONE)
         return frames
+
+    def fail(self, error: GatewayError) -> bytes:
+        """A failure after the stream started: `data: {"error": {...}}`, and no [DONE]."""
+        return sse(error.body())
 
 
 class ChatAggregator:

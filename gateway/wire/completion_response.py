@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gateway.errors import GatewayError
 from gateway.wire.chat_response import DONE, sse, usage_json
 from providers.types import Event, Finish, FinishReason, TextDelta, Usage
 
@@ -55,6 +56,10 @@ class CompletionStreamEncoder:
             )
         frames.append(DONE)
         return frames
+
+    def fail(self, error: GatewayError) -> bytes:
+        """A failure after the stream started: `data: {"error": {...}}`, and no [DONE]."""
+        return sse(error.body())
 
 
 class CompletionAggregator:
