@@ -14,7 +14,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -186,7 +186,7 @@ class AsyncEngine:
 
     async def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's outputs as steps produce them; the last has `finished` set.
 
         Before anything is queued (on the first iteration) it raises PromptTooLong or

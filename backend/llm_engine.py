@@ -32,7 +32,8 @@ class RequestOutput:
     `new_token_ids` are the tokens appended this step (stop tokens included); `finish_reason`
     is set exactly when `finished`. `num_cached_tokens` counts the prompt tokens taken from
     the prefix cache when the request was first scheduled (0 before that). `logprobs` has one
-    entry per new token when the request asked for logprobs, else None.
+    entry per new token, in order, when the request asked for logprobs and the step produced
+    tokens, else None.
     """
 
     request_id: str
@@ -223,11 +224,12 @@ class LLMEngine:
         self,
         scheduled: SchedulerOutput,
         lengths: list[int],
-        logprobs: list[TokenLogprobs | None],
+        logprobs: list[list[TokenLogprobs] | None],
     ) -> list[RequestOutput]:
-        """Outputs of the step just applied; `lengths`: each sequence's tokens before it."""
+        """Outputs of the step just applied; `lengths`: each sequence's tokens before it;
+        `logprobs`: per sequence, one entry per token the runner sampled."""
         outputs: list[RequestOutput] = []
-        for item, length, logprob in zip(scheduled.scheduled, lengths, logprobs, strict=True):
+        for item, length, sampled in zip(scheduled.scheduled, lengths, logprobs, strict=True):
             seq = item.seq
             new_tokens = seq.token_ids[length:]
             if not new_tokens and not seq.is_finished:
@@ -237,7 +239,8 @@ class LLMEngine:
                 request = self._release(seq.request_id)
             else:
                 request = self._requests[seq.request_id]
-            token_logprobs = [logprob] if logprob is not None and new_tokens else None
+            # the new tokens are the sampled ones up to a stop token, so their entries lead
+            token_logprobs = sampled[: len(new_tokens)] if sampled and new_tokens else None
             outputs.append(self._output(request, new_tokens, token_logprobs))
         return outputs
 

@@ -5,8 +5,10 @@ Per token the layer caches one latent row [c_kv (kv_lora_rank) | k_pe (qk_rope_h
 several new tokens (a prefill chunk, possibly after earlier context) attends in the expanded
 form: c_kv goes through ``kv_b_proj`` into per-head K_nope and V. Single-token decode attends in
 the weight-absorbed form: W_UK folds into the query and W_UV into the output, so attention is
-multi-query over the 576-wide latent with a 512-wide value. Both forms are pure functions of
-tensors (``attention_expanded``, ``attention_absorbed``) so a GPU kernel can replace either.
+multi-query over the 576-wide latent with a 512-wide value. A short chunk over a long context
+also takes the absorbed form (``attention_absorbed_chunk``) when ``absorbed_is_cheaper`` says so:
+it skips expanding the whole context. All forms are pure functions of tensors so a GPU kernel
+can replace any of them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,17 @@ from backend.layers import Linear, RMSNorm
 from backend.rope import apply_rotary
 
 
+def chunk_mask(num_q: int, length: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+    """Additive mask [Q, L] for the last Q of L tokens: query i (position L - Q + i) sees keys
+    0 .. L - Q + i. None when Q == L (plain causal attention: pass ``is_causal``)."""
+    if num_q == length:
+        return None
+    mask = torch.zeros(num_q, length, dtype=dtype, device=device)
+    hidden = torch.full((num_q, num_q), float("-inf"), dtype=dtype, device=device)
+    mask[:, length - num_q :] = hidden.triu_(1)
+    return mask
+
+
 def attention_expanded(
     q_nope: Tensor,
     q_pe: Tensor,
@@ -33,31 +46,34 @@ def attention_expanded(
     """Causal attention of the last Q new tokens over L cached tokens of one sequence.
 
     q_nope [Q, H, nope], q_pe [Q, H, rope] (rotated), latents [L, kv_lora_rank + rope] with the
-    Q new tokens last, kv_b_weight [H * (nope + v), kv_lora_rank]. Returns [Q, H, v].
+    Q new tokens last, kv_b_weight [H * (nope + v), kv_lora_rank], v <= nope + rope. Returns
+    [Q, H, v].
     """
     num_q, num_heads, nope = q_nope.shape
+    key_dim = nope + q_pe.shape[-1]
+    if v_head_dim > key_dim:
+        raise ValueError(f"v_head_dim {v_head_dim} exceeds the key width {key_dim}")
     length = latents.shape[0]
     c_kv, k_pe = latents[:, :kv_lora_rank], latents[:, kv_lora_rank:]
     kv = F.linear(c_kv, kv_b_weight).view(length, num_heads, nope + v_head_dim)
-    k_nope, value = kv.split([nope, v_head_dim], dim=-1)
-    key = torch.cat((k_nope, k_pe[:, None, :].expand(-1, num_heads, -1)), dim=-1)
-    query = torch.cat((q_nope, q_pe), dim=-1)
-    if num_q == length:
-        mask = None
-    else:
-        query_pos = torch.arange(length - num_q, length, device=latents.device)
-        mask = torch.arange(length, device=latents.device)[None, :] <= query_pos[:, None]
-    # SDPA's fused CPU kernel needs 4-D inputs [1, H, len, dim] and value as wide as the key.
-    padded_value = F.pad(value, (0, key.shape[-1] - v_head_dim))
+    # SDPA's fused CPU kernel needs value as wide as the key. Rows [k_nope | k_pe | v] per head
+    # give both as views: key = the first key_dim columns, value = the last key_dim (v at its
+    # end, the columns before it are dropped from the output).
+    rows = latents.new_empty(num_heads, length, key_dim + v_head_dim)  # [H, L, key_dim + v]
+    rows[:, :, :nope] = kv[:, :, :nope].transpose(0, 1)
+    rows[:, :, nope:key_dim] = k_pe[None]
+    rows[:, :, key_dim:] = kv[:, :, nope:].transpose(0, 1)
+    query = torch.cat((q_nope, q_pe), dim=-1).transpose(0, 1)  # [H, Q, key_dim]
+    mask = chunk_mask(num_q, length, query.dtype, query.device)
     out = F.scaled_dot_product_attention(
-        query.transpose(0, 1)[None],
-        key.transpose(0, 1)[None],
-        padded_value.transpose(0, 1)[None],
+        query[None],
+        rows[None, :, :, :key_dim],
+        rows[None, :, :, v_head_dim:],
         attn_mask=mask,
         is_causal=mask is None,
         scale=scale,
-    )
-    return out[0].transpose(0, 1)[..., :v_head_dim]
+    )  # [1, H, Q, key_dim]
+    return out[0, :, :, key_dim - v_head_dim :].transpose(0, 1)
 
 
 def attention_absorbed(
@@ -85,6 +101,60 @@ def attention_absorbed(
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     out_latent = torch.bmm(scores.softmax(dim=-1), latents[:, :, :kv_lora_rank])
     return torch.einsum("shr,hvr->shv", out_latent, w_uv.float()).to(out_dtype)
+
+
+def attention_absorbed_chunk(
+    q_nope: Tensor,
+    q_pe: Tensor,
+    latents: Tensor,
+    w_uk: Tensor,
+    w_uv: Tensor,
+    scale: float,
+) -> Tensor:
+    """``attention_expanded``'s result in the absorbed form, without expanding the context.
+
+    q_nope [Q, H, nope], q_pe [Q, H, rope] (rotated), latents [L, kv_lora_rank + rope] with the
+    Q new tokens last, w_uk [H, nope, kv_lora_rank], w_uv [H, v, kv_lora_rank]. Returns
+    [Q, H, v] in the query's dtype; computed in fp32 like ``attention_absorbed``.
+    """
+    out_dtype = q_nope.dtype
+    num_q, num_heads, _ = q_nope.shape
+    length, latent_dim = latents.shape
+    kv_lora_rank = w_uk.shape[-1]
+    latents = latents.float()
+    q_latent = torch.einsum("qhn,hnr->hqr", q_nope.float(), w_uk.float())  # [H, Q, kv_lora_rank]
+    query = torch.cat((q_latent, q_pe.float().transpose(0, 1)), dim=-1)  # [H, Q, latent_dim]
+    # One latent row serves every head as key and (its first kv_lora_rank values) as value;
+    # the value keeps the key's width because SDPA's fused CPU kernel needs that.
+    shared = latents[None, None].expand(1, num_heads, length, latent_dim)
+    mask = chunk_mask(num_q, length, query.dtype, query.device)
+    out = F.scaled_dot_product_attention(
+        query[None], shared, shared, attn_mask=mask, is_causal=mask is None, scale=scale
+    )  # [1, H, Q, latent_dim]
+    out_latent = out[0, :, :, :kv_lora_rank]
+    return torch.einsum("hqr,hvr->qhv", out_latent, w_uv.float()).to(out_dtype)
+
+
+def absorbed_is_cheaper(
+    num_q: int, length: int, kv_lora_rank: int, nope: int, rope: int, v_head_dim: int
+) -> bool:
+    """Whether a chunk of ``num_q`` new tokens over ``length`` cached ones (its own included)
+    costs fewer multiply-adds in the absorbed form than in the expanded one.
+
+    Per head, with r = kv_lora_rank:
+      expanded = L * r * (nope + v)        kv_b_proj over the whole context
+               + Q * L * (nope + rope + v)  scores and values per query-key pair
+      absorbed = Q * r * (nope + v)        W_UK into each query, W_UV out of it
+               + Q * L * (2 * r + rope)     scores over the latent, latent-wide values
+    Both forms compute every pair of a chunk with context (the mask skips no work). With
+    2 * r > nope + v, as in DeepSeek's shapes, the absorbed form wins only when the context is
+    long relative to the chunk: Q below about r * (nope + v) / (2 * r - nope - v) (170 for the
+    real model, 128 for the "small" demo preset), never for a cold prefill (Q == L).
+    """
+    r = kv_lora_rank
+    expanded = length * r * (nope + v_head_dim) + num_q * length * (nope + rope + v_head_dim)
+    absorbed = num_q * r * (nope + v_head_dim) + num_q * length * (2 * r + rope)
+    return absorbed < expanded
 
 
 class MLA(nn.Module):
@@ -179,16 +249,32 @@ class MLA(nn.Module):
                 continue
             rows_slice = slice(starts[seq], starts[seq + 1])
             latents = cache.gather(cache_layer, batch.block_tables[seq], batch.context_lens[seq])
-            out[rows_slice] = attention_expanded(
-                q_nope[rows_slice],
-                q_pe[rows_slice],
-                latents.to(q_nope.dtype),
-                self.kv_b_proj.weight,
-                self.kv_lora_rank,
-                self.v_head_dim,
-                self.scale,
+            out[rows_slice] = self._attend_chunk(
+                q_nope[rows_slice], q_pe[rows_slice], latents.to(q_nope.dtype)
             )
         return out
+
+    def _attend_chunk(self, q_nope: Tensor, q_pe: Tensor, latents: Tensor) -> Tensor:
+        """[Q, H, v] for one sequence's chunk, in whichever form costs less."""
+        if absorbed_is_cheaper(
+            q_nope.shape[0],
+            latents.shape[0],
+            self.kv_lora_rank,
+            self.qk_nope_head_dim,
+            self.qk_rope_head_dim,
+            self.v_head_dim,
+        ):
+            w_uk, w_uv = self.absorbed_weights()
+            return attention_absorbed_chunk(q_nope, q_pe, latents, w_uk, w_uv, self.scale)
+        return attention_expanded(
+            q_nope,
+            q_pe,
+            latents,
+            self.kv_b_proj.weight,
+            self.kv_lora_rank,
+            self.v_head_dim,
+            self.scale,
+        )
 
     def _attend_decode(
         self,

@@ -28,11 +28,11 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class RunnerOutput:
     """Per scheduled sequence, in the scheduler's order: the sampled tokens (empty for a
-    prefill chunk that does not reach the sequence's last token) and their logprobs (None
-    where the request did not ask for them or nothing was sampled)."""
+    prefill chunk that does not reach the sequence's last token) and their logprobs, one per
+    sampled token (None where the request did not ask for them or nothing was sampled)."""
 
     sampled_tokens: list[list[int]]
-    logprobs: list[TokenLogprobs | None]
+    logprobs: list[list[TokenLogprobs] | None]
 
 
 class ModelRunner:
@@ -95,7 +95,7 @@ class ModelRunner:
             if item.samples:
                 sample_rows.append(row)
         sampled_tokens: list[list[int]] = [[] for _ in scheduled]
-        logprobs: list[TokenLogprobs | None] = [None] * len(scheduled)
+        logprobs: list[list[TokenLogprobs] | None] = [None] * len(scheduled)
         with torch.inference_mode():
             hidden = self.model(batch, self.cache)  # [T, D]
             if not sample_rows:
@@ -109,7 +109,8 @@ class ModelRunner:
         for i, item in enumerate(scheduled):
             if item.samples:
                 sampled_tokens[i] = [tokens[position]]
-                logprobs[i] = result.logprobs[position]
+                entry = result.logprobs[position]
+                logprobs[i] = None if entry is None else [entry]
                 position += 1
         return RunnerOutput(sampled_tokens, logprobs)
 

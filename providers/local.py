@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,7 +122,7 @@ class LocalProvider:
         except (EngineClosed, EngineError) as exc:
             raise UpstreamUnavailable(str(exc), provider=self.name) from None
         finally:
-            await _aclose(outputs)  # aborts the engine request unless it finished
+            await outputs.aclose()  # aborts the engine request unless it finished
         if engine_reason not in ("stop", "length"):
             raise UpstreamUnavailable("the local engine aborted the request", provider=self.name)
         for event in translator.finish():
@@ -196,9 +196,3 @@ class LocalProvider:
         if engine_reason == "length":
             return "length"
         return "tool_calls" if translator.num_tool_calls else "stop"
-
-
-async def _aclose(outputs: AsyncIterator[Any]) -> None:
-    aclose = getattr(outputs, "aclose", None)
-    if aclose is not None:
-        await aclose()

@@ -209,7 +209,8 @@ def test_logprobs_come_with_each_token(tiny_model: DeepseekV3ForCausalLM, tiny_d
     outputs = run_all(make_engine(tiny_model, tiny_dir), [("p", prompt, params)])["p"]
     tokens = tokens_of(outputs)
     for k, output in enumerate(outputs):
-        assert output.logprobs is not None and len(output.logprobs) == 1
+        assert output.logprobs is not None
+        assert len(output.logprobs) == len(output.new_token_ids) == 1
         expected = tiny_model.logits_for(prompt + tokens[:k])[-1].log_softmax(-1)
         entry = output.logprobs[0]
         assert entry.logprob == pytest.approx(float(expected.max()), abs=1e-4)

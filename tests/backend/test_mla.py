@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 from transformers import DeepseekV3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from backend import mla
 from backend.cache import ForwardBatch
 from backend.config import ModelConfig, RopeConfig
 from backend.demo_checkpoint import demo_config
-from backend.mla import attention_absorbed, attention_expanded
+from backend.mla import (
+    absorbed_is_cheaper,
+    attention_absorbed,
+    attention_absorbed_chunk,
+    attention_expanded,
+)
 from backend.model import DeepseekV3ForCausalLM
 from backend.rope import apply_rotary, correction_range, inv_frequencies
 
@@ -103,6 +110,67 @@ def test_absorbed_equals_expanded_kernels() -> None:
         q_nope, q_pe, latents[None], valid, per_head[:, :nope], per_head[:, nope:], 0.1
     )
     torch.testing.assert_close(absorbed, expanded, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("num_q", "length"), [(5, 37), (2, 2), (9, 9)])
+def test_absorbed_chunk_equals_expanded_kernel(num_q: int, length: int) -> None:
+    # A chunk of num_q new tokens, the last of `length` cached ones (no context when equal).
+    generator = torch.Generator().manual_seed(num_q)
+    heads, nope, rope, rank, v_dim = 4, 16, 8, 32, 16
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, dtype=torch.float32)
+
+    q_nope, q_pe = rand(num_q, heads, nope), rand(num_q, heads, rope)
+    latents, kv_b = rand(length, rank + rope), rand(heads * (nope + v_dim), rank) / 6
+    expanded = attention_expanded(q_nope, q_pe, latents, kv_b, rank, v_dim, 0.1)
+    per_head = kv_b.view(heads, nope + v_dim, rank)
+    absorbed = attention_absorbed_chunk(
+        q_nope, q_pe, latents, per_head[:, :nope], per_head[:, nope:], 0.1
+    )
+    torch.testing.assert_close(absorbed, expanded, rtol=0, atol=1e-5)
+
+
+def test_absorbed_cost_rule() -> None:
+    real = {"kv_lora_rank": 512, "nope": 128, "rope": 64, "v_head_dim": 128}
+    assert absorbed_is_cheaper(2, 4096, **real)  # speculative verify, short chunk tails
+    assert absorbed_is_cheaper(160, 100_000, **real)
+    assert not absorbed_is_cheaper(180, 100_000, **real)  # crossover near Q = 170
+    assert not absorbed_is_cheaper(512, 4096, **real)
+    assert not absorbed_is_cheaper(64, 64, **real)  # a cold prefill expands
+
+
+def test_chunk_over_context_absorbed_equals_expanded(
+    tiny_model: DeepseekV3ForCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 4-token chunk after 40 cached tokens takes the absorbed form; forcing the expanded form
+    # gives the same logits.
+    tokens = torch.randint(0, 129280, (44,), generator=torch.Generator().manual_seed(3)).tolist()
+    dims = tiny_model.config.mla
+    assert absorbed_is_cheaper(
+        4, 44, dims.kv_lora_rank, dims.qk_nope_head_dim, dims.qk_rope_head_dim, dims.v_head_dim
+    )
+    calls: list[int] = []
+
+    def counting(*args: Any) -> torch.Tensor:
+        calls.append(1)
+        return attention_absorbed_chunk(*args)
+
+    def chunk_logits() -> torch.Tensor:
+        cache = tiny_model.new_cache(len(tokens), block_size=8)
+        table = list(range(cache.num_blocks))
+        tiny_model(ForwardBatch.for_prefill(tokens[:40], 0, table, 8), cache)
+        batch = ForwardBatch.for_prefill(tokens[40:], 40, table, 8)
+        return tiny_model.compute_logits(tiny_model(batch, cache))
+
+    monkeypatch.setattr(mla, "attention_absorbed_chunk", counting)
+    absorbed = chunk_logits()
+    assert len(calls) == tiny_model.config.num_hidden_layers  # every layer took the new path
+    monkeypatch.setattr(mla, "absorbed_is_cheaper", lambda *args: False)
+    expanded = chunk_logits()
+    assert len(calls) == tiny_model.config.num_hidden_layers
+    error = (absorbed - expanded).abs().max() / expanded.abs().max()
+    assert error < 1e-5
 
 
 def test_decode_steps_equal_full_prefill(tiny_model: DeepseekV3ForCausalLM) -> None:

@@ -114,8 +114,8 @@ def test_only_rows_that_complete_a_sequence_sample(tiny_model: DeepseekV3ForCaus
     result = runner.execute(step)
     expected = int(tiny_model.logits_for(prompt_a)[-1].argmax())
     assert result.sampled_tokens == [[expected], []]
-    first = result.logprobs[0]
-    assert first is not None and result.logprobs[1] is None
+    assert result.logprobs[0] is not None and result.logprobs[1] is None
+    [first] = result.logprobs[0]  # one entry per sampled token
     assert first.top[0][0] == expected and len(first.top) == 2
     rest = SchedulerOutput([_scheduled(partial, 4, 2)], [])
     assert runner.execute(rest).sampled_tokens == [
