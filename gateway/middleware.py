@@ -13,8 +13,9 @@ import uuid
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from redis.exceptions import RedisError
 
-from gateway.errors import GatewayError, NotFound, PayloadTooLarge
+from gateway.errors import GatewayError, NotFound, PayloadTooLarge, ServiceUnavailable
 
 log = structlog.get_logger("gateway.http")
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -65,6 +66,19 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except asyncio.CancelledError:
         status = 499  # the client went away
         raise
+    except ConnectionResetError:
+        status = 499  # the client went away while we were writing
+        return web.Response(status=499)
+    except RedisError as exc:
+        status = 503
+        log.error("redis_unavailable", error=str(exc))
+        return render(
+            ServiceUnavailable(
+                "The gateway's state store is unavailable; try again shortly.",
+                code="state_store_unavailable",
+                headers={"Retry-After": "1"},
+            )
+        )
     except web.HTTPRequestEntityTooLarge:
         status = 413
         return render(PayloadTooLarge("The request body is too large."))

@@ -172,7 +172,7 @@ class Pipeline:
         except GatewayError as exc:
             status, error_code = exc.status, exc.code
             raise
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionResetError):
             status, error_code = 499, "client_disconnected"
             raise
         finally:

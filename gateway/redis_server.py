@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import structlog
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.settings import RedisSettings
@@ -77,9 +77,26 @@ async def embedded_redis(data_dir: Path) -> AsyncIterator[Path]:
         log.info("embedded_redis_stopped")
 
 
+def _client(settings: RedisSettings, unix_socket: Path | None = None) -> Redis:
+    """A client whose pool makes callers wait for a free connection (up to the socket timeout)
+    rather than fail when every connection is busy."""
+    if unix_socket is None:
+        pool = BlockingConnectionPool.from_url(
+            settings.url, max_connections=settings.max_connections, timeout=settings.timeout_s
+        )
+    else:
+        pool = BlockingConnectionPool(
+            connection_class=UnixDomainSocketConnection,
+            path=str(unix_socket),
+            max_connections=settings.max_connections,
+            timeout=settings.timeout_s,
+        )
+    return Redis(connection_pool=pool, socket_timeout=settings.timeout_s)
+
+
 @asynccontextmanager
 async def open_redis(settings: RedisSettings) -> AsyncIterator[Redis]:
-    client = Redis.from_url(settings.url)
+    client = _client(settings)
     if await _reachable(client):
         try:
             yield client
@@ -91,7 +108,7 @@ async def open_redis(settings: RedisSettings) -> AsyncIterator[Redis]:
         raise RuntimeError(f"Redis at {settings.url} is unreachable and redis.embedded is false")
     log.warning("redis_unreachable_starting_embedded", url=settings.url)
     async with embedded_redis(settings.data_dir) as sock:
-        client = Redis(unix_socket_path=str(sock))
+        client = _client(settings, sock)
         if not await _reachable(client):
             raise RuntimeError("the embedded redis-server did not start")
         try:

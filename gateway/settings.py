@@ -37,6 +37,9 @@ class RedisSettings(BaseModel):
     embedded: bool = True
     data_dir: Path = Path(".data/redis")
     key_prefix: str = "gw:"
+    # Connections per gateway process; callers wait for a free one up to timeout_s.
+    max_connections: int = Field(default=128, gt=0)
+    timeout_s: float = Field(default=5.0, gt=0)
 
 
 class LoggingSettings(BaseModel):
