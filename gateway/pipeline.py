@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -154,7 +154,7 @@ class Pipeline:
             prompt_tokens=count_prompt_tokens(routes[0].provider, chat),
             max_tokens=chat.sampling.max_tokens or self.default_max_tokens,
         )
-        grant = await self.access.admit(ticket)
+        grant = await self._admit(ticket, wire)
         sampling = replace(chat.sampling, max_tokens=grant.max_tokens)
         started = time.perf_counter()
         tally = _Tally()
@@ -180,9 +180,28 @@ class Pipeline:
             outcome = self._outcome(ticket, tally, route, chat, started, status, error_code)
             # Settled in a task of its own: the client's answer does not wait for the
             # bookkeeping, a cancelled handler cannot lose it, and `drain` awaits it on shutdown.
-            task = asyncio.ensure_future(self._settle(grant, outcome, wire))
-            self._settling.add(task)
-            task.add_done_callback(self._settling.discard)
+            self._track(self._settle(grant, outcome, wire))
+
+    def _track(self, settlement: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(settlement)
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _admit(self, ticket: Ticket, wire: Wire) -> Grant:
+        """Admission that a vanishing client cannot leak: if the caller is cancelled while the
+        reservation is in flight, the reservation is released as soon as it lands."""
+        admission = asyncio.ensure_future(self.access.admit(ticket))
+        try:
+            return await asyncio.shield(admission)
+        except asyncio.CancelledError:
+            admission.add_done_callback(lambda done: self._release(done, wire))
+            raise
+
+    def _release(self, admission: asyncio.Future[Grant], wire: Wire) -> None:
+        if admission.cancelled() or admission.exception() is not None:
+            return
+        gone = Outcome(usage=Usage(), status=499, error_code="client_disconnected")
+        self._track(self._settle(admission.result(), gone, wire))
 
     async def _open(
         self, routes: tuple[Route, ...], chat: ChatRequest, sampling: Sampling, tally: _Tally

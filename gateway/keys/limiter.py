@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from gateway.errors import AuthenticationError, PermissionDenied, QuotaExceeded, RateLimited
+from gateway.keys.script_batch import Script, ScriptBatcher
 from gateway.keys.store import KeySpace, lua, text
 from gateway.keys.usage import UsageEntry
 from providers import jsoncodec
@@ -70,8 +71,9 @@ class Limiter:
         self._maxlen = usage_stream_maxlen
         self._slot_ttl_ms = int(slot_ttl_s * 1000)
         self._clock = clock
-        self._admit = redis.register_script(lua("admit.lua"))
-        self._settle = redis.register_script(lua("settle.lua"))
+        self._scripts = ScriptBatcher(redis)
+        self._admit = Script.of(lua("admit.lua"))
+        self._settle = Script.of(lua("settle.lua"))
 
     def _spent_keys(self, key_id: str, now_s: float) -> list[str]:
         day = time.strftime("%Y-%m-%d", time.gmtime(now_s))
@@ -107,7 +109,7 @@ class Limiter:
             digest,
             model,
         ]
-        result = await self._admit(keys=keys, args=args)
+        result = await self._scripts.run(self._admit, keys, args)
         match [text(v) if isinstance(v, bytes) else str(v) for v in result]:
             case ["0", grant, reserved, rpm, rpm_left, tpm, tpm_left]:
                 headers: dict[str, str] = {}
@@ -160,7 +162,7 @@ class Limiter:
             jsoncodec.dumps(entry.counters),
             jsoncodec.dumps(entry.record),
         ]
-        return int(await self._settle(keys=keys, args=args))
+        return int(await self._scripts.run(self._settle, keys, args))
 
 
 def _rate_limited(name: str, limit: int, retry_ms: int, prompt_tokens: int) -> RateLimited:
