@@ -107,7 +107,8 @@ class CompletionBody(_CommonBody):
     logprobs: int | None = Field(default=None, ge=0, le=5)
 
 
-def _validate(cls: type[_B], data: Any) -> _B:
+def validate_body(cls: type[_B], data: Any) -> _B:
+    """The body as `cls`, or a 400 naming the first offending field."""
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     try:
@@ -182,7 +183,7 @@ def _message(m: _MessageIn) -> Message:
 
 
 def parse_chat(data: Any, request_id: str) -> tuple[ChatBody, ChatRequest]:
-    body = _validate(ChatBody, data)
+    body = validate_body(ChatBody, data)
     _check_n(body)
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
@@ -208,7 +209,7 @@ def parse_chat(data: Any, request_id: str) -> tuple[ChatBody, ChatRequest]:
 
 
 def parse_completion(data: Any, request_id: str) -> tuple[CompletionBody, ChatRequest]:
-    body = _validate(CompletionBody, data)
+    body = validate_body(CompletionBody, data)
     _check_n(body)
     prompt = body.prompt
     if isinstance(prompt, list):

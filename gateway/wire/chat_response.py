@@ -30,6 +30,14 @@ def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + jsoncodec.dumps(obj) + b"\n\n"
 
 
+def stream_tail(head: dict[str, Any], usage: Usage | None) -> list[bytes]:
+    """The frames after the finish chunk: the usage chunk (`"choices": []`) when asked, then
+    `[DONE]`. `usage` None: none was asked for."""
+    if usage is None:
+        return [DONE]
+    return [sse({**head, "choices": [], "usage": usage_json(usage)}), DONE]
+
+
 def usage_json(u: Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": u.prompt_tokens,
@@ -118,12 +126,8 @@ class ChatStreamEncoder:
                 )
         reason = finish or self._finish or ("tool_calls" if self._args_seen else "stop")
         frames.append(self._chunk({}, finish=reason))
-        if self._include_usage:
-            frames.append(
-                sse({**self._head, "choices": [], "usage": usage_json(self._usage or Usage())})
-            )
-        frames.append(DONE)
-        return frames
+        usage = (self._usage or Usage()) if self._include_usage else None
+        return frames + stream_tail(self._head, usage)
 
     def fail(self, error: GatewayError) -> bytes:
         """A failure after the stream started: `data: {"error": {...}}`, and no [DONE]."""

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.wire.chat_response import DONE, sse, usage_json
+from gateway.wire.chat_response import sse, stream_tail, usage_json
 from providers.types import Event, Finish, FinishReason, TextDelta, Usage
 
 
@@ -49,13 +49,10 @@ class CompletionStreamEncoder:
         return None
 
     def close(self, finish: FinishReason | None = None) -> list[bytes]:
-        frames = [self._chunk("", finish=finish or self._finish or "stop")]
-        if self._include_usage:
-            frames.append(
-                sse({**self._head, "choices": [], "usage": usage_json(self._usage or Usage())})
-            )
-        frames.append(DONE)
-        return frames
+        usage = (self._usage or Usage()) if self._include_usage else None
+        return [self._chunk("", finish=finish or self._finish or "stop")] + stream_tail(
+            self._head, usage
+        )
 
     def fail(self, error: GatewayError) -> bytes:
         """A failure after the stream started: `data: {"error": {...}}`, and no [DONE]."""

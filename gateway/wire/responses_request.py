@@ -20,15 +20,15 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import InvalidRequest
+from gateway.wire.chat_request import validate_body
 from providers.types import ChatRequest, Message, Role, Sampling, Tool, ToolCall
 
 _IGNORE = ConfigDict(extra="ignore")
-_B = TypeVar("_B", bound=BaseModel)
 _REASONING_MARK = "gwr1."  # our encrypted_content: this mark + base64 of the UTF-8 reasoning
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _INPUT_ROLES = ("user", "assistant", "system", "developer")
@@ -86,17 +86,6 @@ class ResponsesBody(BaseModel):
     metadata: Any = None
     user: str | None = None
     previous_response_id: str | None = None
-
-
-def _validate(cls: type[_B], data: Any) -> _B:
-    if not isinstance(data, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        raise InvalidRequest(f"Invalid value for '{param}': {err['msg']}", param=param) from None
 
 
 def _bad(param: str, what: str) -> InvalidRequest:
@@ -313,7 +302,7 @@ def _echo(body: ResponsesBody) -> dict[str, Any]:
 
 
 def parse_responses(data: Any, request_id: str) -> ParsedResponses:
-    body = _validate(ResponsesBody, data)
+    body = validate_body(ResponsesBody, data)
     if body.previous_response_id is not None:
         raise InvalidRequest(
             "This gateway stores no responses: send the whole conversation in 'input' "
