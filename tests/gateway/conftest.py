@@ -148,6 +148,14 @@ async def start_gateway(settings: Settings) -> tuple[web.AppRunner, str]:
 
 
 @pytest.fixture
+async def redis() -> AsyncIterator[Redis]:
+    """A client of the real Redis (shared with other users: touch only your own prefix)."""
+    client = Redis.from_url(REDIS_URL)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
 async def redis_prefix() -> AsyncIterator[str]:
     prefix = f"test:{uuid.uuid4().hex}:"
     yield prefix

@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from gateway.keys.store import KeySpace
 from gateway.logging import configure_logging
 from gateway.settings import LoggingSettings
-from tests.gateway.conftest import REDIS_URL, gateway_settings, start_gateway
+from tests.gateway.conftest import gateway_settings, start_gateway
 from tests.mock_upstream import MockUpstream
 from tests.sse_rules import check_chat_stream
 
@@ -55,13 +55,6 @@ async def live(mock: MockUpstream, prefix: str) -> AsyncIterator[str]:
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as client:
         yield client
-
-
-@pytest.fixture
-async def redis() -> AsyncIterator[Redis]:
-    client = Redis.from_url(REDIS_URL)
-    yield client
-    await client.aclose()
 
 
 async def create_key(session: aiohttp.ClientSession, root: str, **body: Any) -> tuple[str, str]:

@@ -26,13 +26,6 @@ AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 @pytest.fixture
-async def redis() -> AsyncIterator[Redis]:
-    client = Redis()
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
 async def prefix(redis: Redis) -> AsyncIterator[str]:
     prefix = f"test:{uuid.uuid4().hex}:"
     yield prefix

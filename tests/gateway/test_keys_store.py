@@ -20,13 +20,6 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-async def redis() -> AsyncIterator[Redis]:
-    client = Redis()
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
 async def store(redis: Redis) -> AsyncIterator[KeyStore]:
     prefix = f"test:{uuid.uuid4().hex}:"
     yield KeyStore(redis, prefix=prefix, clock=NOW.timestamp)

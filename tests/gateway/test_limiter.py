@@ -30,13 +30,6 @@ class Clock:
 
 
 @pytest.fixture
-async def redis() -> AsyncIterator[Redis]:
-    client = Redis()
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
 def clock() -> Clock:
     return Clock()
 

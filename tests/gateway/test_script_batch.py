@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
-import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from gateway.keys.script_batch import Script, ScriptBatcher
 
 INCR = Script.of("return redis.call('INCRBY', KEYS[1], ARGV[1])")
-
-
-@pytest.fixture
-async def redis() -> AsyncIterator[Redis]:
-    client = Redis()
-    yield client
-    await client.aclose()
 
 
 async def test_calls_in_one_tick_share_a_pipeline_and_keep_their_results(redis: Redis) -> None:
