@@ -11,7 +11,7 @@ Targets (2-core machine): added p50 < 1 ms at concurrency 1; >= 1,500 non-stream
 through one gateway process; streaming adds < 50 us per chunk; with keys, auth + admission +
 settlement add < 0.5 ms p50 at concurrency 1 and throughput drops < 20% against `open`.
 
-    .venv/bin/python benchmarks/gateway_overhead.py [--requests 3000] [--chunks 20]
+    .venv/bin/python benchmarks/gateway_overhead.py [--requests 3000] [--chunks 20] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -257,10 +257,49 @@ def _print(results: list[Result], chunks: int) -> None:
     print(f"  keyed vs open peak throughput drop: {drop:.1%} (< 20%: {verdict(drop < 0.2)})")
 
 
+async def _through_gateway(
+    label: str, mock_url: str, prefix: str, args: argparse.Namespace
+) -> list[Result]:
+    proc, root = _start_gateway(mock_url, args.chunks, label == "keyed", prefix)
+    try:
+        await _wait_ready(root)
+        headers = {"Content-Type": "application/json"}
+        if label == "keyed":
+            headers["Authorization"] = f"Bearer {await _high_limit_key(prefix)}"
+        url = f"{root}/v1/chat/completions"
+        return await _measure(label, url, headers, args.chunks, args.requests, proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _medians(runs: list[Result]) -> list[Result]:
+    """One Result per (path, concurrency, mode): the median of each figure over the runs."""
+    groups: dict[tuple[str, int, bool], list[Result]] = {}
+    for r in runs:
+        groups.setdefault((r.label, r.concurrency, r.stream), []).append(r)
+    out = []
+    for (label, concurrency, stream), rs in groups.items():
+        cpus = [r.cpu_per_req_ms for r in rs if r.cpu_per_req_ms is not None]
+        out.append(
+            Result(
+                label,
+                concurrency,
+                stream,
+                statistics.median(r.rps for r in rs),
+                statistics.median(r.p50_ms for r in rs),
+                statistics.median(r.p99_ms for r in rs),
+                statistics.median(cpus) if cpus else None,
+            )
+        )
+    return out
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=3000, help="requests per level")
     parser.add_argument("--chunks", type=int, default=20, help="chunks per streamed answer")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per path; medians reported")
     args = parser.parse_args()
 
     ctx = mp.get_context("spawn")
@@ -268,35 +307,22 @@ async def main() -> None:
     mock_proc = ctx.Process(target=_run_mock, args=(queue,), daemon=True)
     mock_proc.start()
     mock_url = queue.get(timeout=30)
-    results = await _measure(
-        "direct", f"{mock_url}/chat/completions", {}, args.chunks, args.requests, None
-    )
+    runs: list[Result] = []
     prefix = f"bench:{uuid.uuid4().hex}:"
     try:
-        for label in ("open", "keyed"):
-            proc, root = _start_gateway(mock_url, args.chunks, label == "keyed", prefix)
-            try:
-                await _wait_ready(root)
-                headers = {"Content-Type": "application/json"}
-                if label == "keyed":
-                    headers["Authorization"] = f"Bearer {await _high_limit_key(prefix)}"
-                results += await _measure(
-                    label,
-                    f"{root}/v1/chat/completions",
-                    headers,
-                    args.chunks,
-                    args.requests,
-                    proc.pid,
-                )
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=30)
+        for _ in range(args.repeat):  # the three paths alternate, so drift hits them alike
+            runs += await _measure(
+                "direct", f"{mock_url}/chat/completions", {}, args.chunks, args.requests, None
+            )
+            for label in ("open", "keyed"):
+                runs += await _through_gateway(label, mock_url, prefix, args)
     finally:
         mock_proc.terminate()
         await _drop_prefix(prefix)
+    results = _medians(runs)
     print(
         f"cpus={os.cpu_count()} requests/level={args.requests} chunks={args.chunks} "
-        "(mock, gateway and load generator share this machine's cores)"
+        f"repeat={args.repeat} (medians; mock, gateway, Redis and load generator share the cores)"
     )
     _print(results, args.chunks)
 
