@@ -88,13 +88,15 @@ if budget then
 end
 local rpm_left, tpm_left = -1, -1
 if rpm then
-  redis.call('INCR', KEYS[4])
-  redis.call('PEXPIRE', KEYS[4], reset + 1000)
+  if redis.call('INCR', KEYS[4]) == 1 then  -- a window's TTL is set once, when it opens
+    redis.call('PEXPIRE', KEYS[4], reset + 1000)
+  end
   rpm_left = rpm - requests - 1
 end
 if tpm then
-  redis.call('INCRBY', KEYS[5], need)
-  redis.call('PEXPIRE', KEYS[5], reset + 1000)
+  if redis.call('INCRBY', KEYS[5], need) == need then
+    redis.call('PEXPIRE', KEYS[5], reset + 1000)
+  end
   tpm_left = tpm - tokens - need
 end
 return {0, grant, need, rpm or -1, rpm_left, tpm or -1, tpm_left}

@@ -30,10 +30,11 @@ if budget then
   elseif f[2] == 'month' then
     spent_key, ttl = KEYS[7], tonumber(ARGV[6])
   end
-  local spent = tonumber(redis.call('GET', spent_key)) or 0
+  local current = redis.call('GET', spent_key)
+  local spent = tonumber(current) or 0
   charge = math.max(0, math.min(charge, budget - spent))
   redis.call('INCRBY', spent_key, charge)
-  if ttl > 0 then
+  if ttl > 0 and not current then  -- a period's counter gets its TTL once, when it starts
     redis.call('PEXPIRE', spent_key, ttl)
   end
 else
