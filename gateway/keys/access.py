@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 
 from redis.asyncio import Redis
 
@@ -50,6 +52,7 @@ class RedisAccessControl:
         )
         self._clock = clock
         self._cache: dict[str, tuple[float, Principal]] = {}
+        self._lookups: dict[str, asyncio.Future[Principal]] = {}
         self._cache_s = auth_cache_s
         self._cache_size = auth_cache_size
 
@@ -63,7 +66,23 @@ class RedisAccessControl:
         cached = self._cache.get(hexdigest)
         if cached is not None and cached[0] > now:
             return cached[1]
-        record = await self.store.lookup(token) if token.startswith(SECRET_PREFIX) else None
+        if not token.startswith(SECRET_PREFIX):
+            raise AuthenticationError("Incorrect API key provided.")
+        # Concurrent misses for one digest share one lookup (no stampede when an entry expires).
+        pending = self._lookups.get(hexdigest)
+        if pending is None:
+            pending = asyncio.ensure_future(self._principal(token, hexdigest))
+            self._lookups[hexdigest] = pending
+            pending.add_done_callback(partial(self._forget_lookup, hexdigest))
+        return await asyncio.shield(pending)
+
+    def _forget_lookup(self, hexdigest: str, done: asyncio.Future[Principal]) -> None:
+        self._lookups.pop(hexdigest, None)
+        if not done.cancelled():
+            done.exception()  # retrieved here too, in case every waiter went away
+
+    async def _principal(self, token: str, hexdigest: str) -> Principal:
+        record = await self.store.lookup(token)
         if record is None:
             raise AuthenticationError("Incorrect API key provided.")
         if record.disabled:
@@ -74,7 +93,7 @@ class RedisAccessControl:
         principal = Principal(record.id, record.name, models, credential=hexdigest)
         if len(self._cache) >= self._cache_size:
             self._cache.clear()
-        self._cache[hexdigest] = (now + self._cache_s, principal)
+        self._cache[hexdigest] = (time.monotonic() + self._cache_s, principal)
         return principal
 
     async def admit(self, ticket: Ticket) -> Grant:

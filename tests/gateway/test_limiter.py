@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from gateway.access import Grant, Outcome, Principal, Ticket, require_model
 from gateway.errors import AuthenticationError, PermissionDenied, QuotaExceeded, RateLimited
 from gateway.keys.access import RedisAccessControl
-from gateway.keys.records import KeyCreate, KeyUpdate, UsageQuery
+from gateway.keys.records import KeyCreate, KeyRecord, KeyUpdate, UsageQuery
 from gateway.keys.usage import UsageReader
 from providers.types import Usage
 
@@ -306,3 +306,23 @@ async def test_settlement_records_usage_in_capped_stream_and_counters(
     assert by_key["totals"]["requests"] == 0 and by_key["data"] == []
     mine = await reader.query(UsageQuery(key_id=principal.key_id, group_by="key"))
     assert mine["data"] == [{"key_id": principal.key_id, **report["totals"]}]
+
+
+async def test_concurrent_misses_share_one_lookup(access: RedisAccessControl) -> None:
+    secret, _ = await access.store.create(KeyCreate(name="herd"))
+    calls = 0
+    lookup = access.store.lookup
+
+    async def counting(token: str) -> KeyRecord | None:
+        nonlocal calls
+        calls += 1
+        return await lookup(token)
+
+    access.store.lookup = counting  # type: ignore[method-assign]
+    principals = await asyncio.gather(*(access.authenticate(secret) for _ in range(20)))
+    assert calls == 1 and len({p.key_id for p in principals}) == 1
+    bad = "sk-" + "y" * 43
+    results = await asyncio.gather(
+        *(access.authenticate(bad) for _ in range(5)), return_exceptions=True
+    )
+    assert calls == 2 and all(isinstance(r, AuthenticationError) for r in results)
