@@ -221,7 +221,7 @@ class Pipeline:
             except StopAsyncIteration:
                 return route, _empty()
             except perr.ProviderError as exc:
-                await _aclose(events)
+                await events.aclose()
                 exc.provider = exc.provider or route.provider_name
                 self.metrics.errors.labels(chat.model, route.provider_name, exc.code).inc()
                 log.warning(
@@ -232,7 +232,7 @@ class Pipeline:
                 failure = exc
                 continue
             except BaseException:
-                await _aclose(events)
+                await events.aclose()
                 raise
             tally.see(first)
             return route, _prepend(first, events, tally)
@@ -272,7 +272,7 @@ class Pipeline:
             tally.finish = None
             return resp
         finally:
-            await _aclose(events)
+            await events.aclose()
         await resp.write(b"".join(encoder.close()))
         return resp
 
@@ -291,7 +291,7 @@ class Pipeline:
         except perr.ProviderError as exc:
             raise provider_error_to_gateway(exc) from None
         finally:
-            await _aclose(events)
+            await events.aclose()
         completion_id = wire.id_prefix + grant.ticket.request_id
         body = jsoncodec.dumps(agg.body(completion_id, model))
         return web.Response(body=body, content_type="application/json", headers=grant.headers)
@@ -352,8 +352,4 @@ async def _prepend(
             tally.see(event)
             yield event
     finally:
-        await _aclose(rest)
-
-
-async def _aclose(events: AsyncGenerator[Event, None]) -> None:
-    await events.aclose()
+        await rest.aclose()
