@@ -1,17 +1,24 @@
 """What the gateway adds on top of its upstream, measured side by side in one run.
 
-A mock upstream (answers at once, streams N chunks) runs in its own process; the gateway runs in
-its own process (`python -m gateway serve`) in two modes: `open` (auth.enabled = false: no key,
-limits or usage records) and `keyed` (a real key with limits set high: auth + admission +
-settlement on Redis). A bounded load generator on 127.0.0.1 measures direct-to-mock and through
-each gateway at concurrency 1, 16 and 64, non-streaming and streaming, and prints requests/s, p50
-and p99 latency, the added latency (gateway minus direct) and the gateway's CPU seconds per request.
+A mock upstream (answers at once, streams N chunks) runs in its own process; two gateways run in
+processes of their own (`python -m gateway serve`), both started once: `open` (auth.enabled =
+false: no key, limits or usage records) and `keyed` (a real key with limits set high: auth +
+admission + settlement on Redis). A bounded load generator on 127.0.0.1 measures direct-to-mock
+and through each gateway at concurrency 1, 16 and 64, non-streaming and streaming.
+
+The machine's speed drifts by up to 2x over minutes (shared host, 2 cores that the mock, both
+gateways, Redis and the load generator share), so the paths are compared within rounds: every
+round runs one burst per (concurrency, mode) on each path back to back, in an order that rotates
+from round to round, and each comparison (added latency, keyed vs open throughput) is taken within
+its round; the figures printed are medians over the rounds, with the range of the per-round
+figures beside the targets. CPU seconds per request of each gateway process and of Redis (INFO
+cpu) are measured per burst: they drift far less than wall-clock figures.
 
 Targets (2-core machine): added p50 < 1 ms at concurrency 1; >= 1,500 non-streaming requests/s
 through one gateway process; streaming adds < 50 us per chunk; with keys, auth + admission +
 settlement add < 0.5 ms p50 at concurrency 1 and throughput drops < 20% against `open`.
 
-    .venv/bin/python benchmarks/gateway_overhead.py [--requests 3000] [--chunks 20] [--repeat 3]
+    .venv/bin/python benchmarks/gateway_overhead.py [--requests 1500] [--chunks 20] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +52,7 @@ from tests.mock_upstream import MockUpstream  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 CONCURRENCY = (1, 16, 64)
+PATHS = ("direct", "open", "keyed")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -76,78 +85,152 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-@dataclass
-class Result:
-    label: str
+async def _redis_cpu_seconds(redis: Redis) -> float:
+    info = await redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+@dataclass(frozen=True)
+class Level:
     concurrency: int
     stream: bool
+
+    @property
+    def mode(self) -> str:
+        return "stream" if self.stream else "json"
+
+
+@dataclass
+class Burst:
+    """One burst of requests on one path at one level."""
+
     rps: float
     p50_ms: float
     p99_ms: float
-    cpu_per_req_ms: float | None
+    gateway_cpu_ms: float | None  # gateway process CPU per request
+    redis_cpu_ms: float  # Redis server CPU per request (whoever else uses it counts too)
+
+
+@dataclass
+class Target:
+    name: str
+    unit: str
+    limit: float
+    below: bool  # met when the figure is below the limit (else at or above it)
+    rounds: list[float]
+
+    def line(self) -> str:
+        value = statistics.median(self.rounds)
+        met = value < self.limit if self.below else value >= self.limit
+        spread = f"rounds {min(self.rounds):.{self._digits}f}..{max(self.rounds):.{self._digits}f}"
+        sign = "<" if self.below else ">="
+        return (
+            f"  {self.name}: {value:.{self._digits}f}{self.unit} ({spread}; "
+            f"{sign} {self.limit:g}{self.unit}: {'met' if met else 'NOT met'})"
+        )
+
+    @property
+    def _digits(self) -> int:
+        return 3 if self.unit == " ms" else 1
 
 
 async def _load(
-    url: str, headers: dict[str, str], body: bytes, concurrency: int, total: int, stream: bool
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    body: bytes,
+    concurrency: int,
+    total: int,
+    stream: bool,
 ) -> tuple[float, list[float]]:
     latencies: list[float] = []
     remaining = total
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
-    async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def worker() -> None:
-            nonlocal remaining
-            while remaining > 0:
-                remaining -= 1
-                t0 = time.perf_counter()
-                async with session.post(url, data=body, headers=headers) as resp:
-                    if stream:
-                        async for _ in resp.content.iter_any():
-                            pass
-                    else:
-                        await resp.read()
-                    if resp.status != 200:
-                        raise RuntimeError(f"{url} answered {resp.status}")
-                latencies.append(time.perf_counter() - t0)
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            t0 = time.perf_counter()
+            async with session.post(url, data=body, headers=headers) as resp:
+                if stream:
+                    async for _ in resp.content.iter_any():
+                        pass
+                else:
+                    await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"{url} answered {resp.status}")
+            latencies.append(time.perf_counter() - t0)
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return elapsed, latencies
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - started, latencies
 
 
-async def _measure(
-    label: str, url: str, headers: dict[str, str], chunks: int, total: int, pid: int | None
-) -> list[Result]:
-    results = []
-    for stream in (False, True):
-        body = json.dumps(
+@dataclass
+class Path_:
+    label: str
+    url: str
+    headers: dict[str, str]
+    model: str
+    pid: int | None
+
+
+class Bench:
+    def __init__(self, redis: Redis, chunks: int, requests: int) -> None:
+        self._redis = redis
+        self._chunks = chunks
+        self._requests = requests
+        # One connection pool per (path, concurrency), kept across rounds: a burst measures
+        # requests, not connection set-up.
+        self._sessions: dict[tuple[str, int], aiohttp.ClientSession] = {}
+
+    def _session(self, label: str, concurrency: int) -> aiohttp.ClientSession:
+        key = (label, concurrency)
+        if key not in self._sessions:
+            connector = aiohttp.TCPConnector(limit=concurrency)
+            self._sessions[key] = aiohttp.ClientSession(connector=connector)
+        return self._sessions[key]
+
+    async def close(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
+
+    def _body(self, path: Path_, level: Level) -> bytes:
+        return json.dumps(
             {
-                "model": f"echo-chunks-{chunks}" if label == "direct" else "bench",
+                "model": path.model,
                 "messages": [{"role": "user", "content": "the quick brown fox"}],
-                "stream": stream,
-                "max_tokens": chunks + 8,
+                "stream": level.stream,
+                "max_tokens": self._chunks + 8,
             }
         ).encode()
-        for concurrency in CONCURRENCY:
-            n = max(200, total // 4) if concurrency == 1 else total
-            await _load(url, headers, body, concurrency, min(n, 200), stream)  # warm-up
-            cpu0 = _cpu_seconds(pid) if pid else 0.0
-            elapsed, lat = await _load(url, headers, body, concurrency, n, stream)
-            cpu = (_cpu_seconds(pid) - cpu0) / n * 1000 if pid else None
-            lat.sort()
-            results.append(
-                Result(
-                    label,
-                    concurrency,
-                    stream,
-                    n / elapsed,
-                    statistics.median(lat) * 1000,
-                    lat[int(len(lat) * 0.99) - 1] * 1000,
-                    cpu,
-                )
-            )
-    return results
+
+    def _count(self, level: Level) -> int:
+        return max(200, self._requests // 4) if level.concurrency == 1 else self._requests
+
+    async def warm(self, path: Path_, level: Level) -> None:
+        session = self._session(path.label, level.concurrency)
+        body = self._body(path, level)
+        await _load(session, path.url, path.headers, body, level.concurrency, 200, level.stream)
+
+    async def burst(self, path: Path_, level: Level) -> Burst:
+        session = self._session(path.label, level.concurrency)
+        body, n = self._body(path, level), self._count(level)
+        cpu0 = _cpu_seconds(path.pid) if path.pid else 0.0
+        redis0 = await _redis_cpu_seconds(self._redis)
+        elapsed, lat = await _load(
+            session, path.url, path.headers, body, level.concurrency, n, level.stream
+        )
+        redis_cpu = (await _redis_cpu_seconds(self._redis) - redis0) / n * 1000
+        cpu = (_cpu_seconds(path.pid) - cpu0) / n * 1000 if path.pid else None
+        lat.sort()
+        return Burst(
+            n / elapsed,
+            statistics.median(lat) * 1000,
+            lat[int(len(lat) * 0.99) - 1] * 1000,
+            cpu,
+            redis_cpu,
+        )
 
 
 def _start_gateway(
@@ -194,112 +277,178 @@ async def _wait_ready(root: str) -> None:
     raise RuntimeError("the gateway did not start")
 
 
-async def _high_limit_key(prefix: str) -> str:
-    redis = Redis.from_url(REDIS_URL)
+async def _high_limit_key(redis: Redis, prefix: str) -> str:
     secret, _ = await KeyStore(redis, prefix=prefix).create(
         KeyCreate(name="bench", budget_tokens=10**12, rpm=10**8, tpm=10**11, max_concurrency=10**5)
     )
-    await redis.aclose()
     return secret
 
 
-async def _drop_prefix(prefix: str) -> None:
-    redis = Redis.from_url(REDIS_URL)
+async def _drop_prefix(redis: Redis, prefix: str) -> None:
     keys = [k async for k in redis.scan_iter(match=f"{prefix}*", count=1000)]
     if keys:
         await redis.delete(*keys)
-    await redis.aclose()
 
 
-def _print(results: list[Result], chunks: int) -> None:
-    direct = {(r.concurrency, r.stream): r for r in results if r.label == "direct"}
+Rounds = list[dict[tuple[str, Level], Burst]]
+
+
+def _median_burst(rounds: Rounds, label: str, level: Level) -> Burst:
+    bursts = [r[(label, level)] for r in rounds]
+
+    def med(get: Callable[[Burst], float | None]) -> float | None:
+        values = [v for v in map(get, bursts) if v is not None]
+        return statistics.median(values) if values else None
+
+    return Burst(
+        med(lambda b: b.rps) or 0.0,
+        med(lambda b: b.p50_ms) or 0.0,
+        med(lambda b: b.p99_ms) or 0.0,
+        med(lambda b: b.gateway_cpu_ms),
+        med(lambda b: b.redis_cpu_ms) or 0.0,
+    )
+
+
+def _print_table(rounds: Rounds, levels: list[Level]) -> None:
     print(
         f"\n{'path':8} {'conc':>4} {'mode':6} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'added p50':>10} {'gw cpu ms/req':>14}"
+        f"{'added p50':>10} {'gw cpu ms/req':>14} {'redis cpu ms/req':>17}"
     )
-    for r in results:
-        base = direct[(r.concurrency, r.stream)]
-        added = "" if r.label == "direct" else f"{r.p50_ms - base.p50_ms:10.3f}"
-        cpu = "" if r.cpu_per_req_ms is None else f"{r.cpu_per_req_ms:14.3f}"
-        print(
-            f"{r.label:8} {r.concurrency:4d} {'stream' if r.stream else 'json':6} "
-            f"{r.rps:9.0f} {r.p50_ms:8.3f} {r.p99_ms:8.3f} {added:>10} {cpu:>14}"
-        )
-    by = {(r.label, r.concurrency, r.stream): r for r in results}
-
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "NOT met"
-
-    print("\nTargets:")
-    for label in ("open", "keyed"):
-        added = by[(label, 1, False)].p50_ms - by[("direct", 1, False)].p50_ms
-        best = max(by[(label, c, False)].rps for c in CONCURRENCY)
-        cpu_json = by[(label, 1, False)].cpu_per_req_ms or 0.0
-        cpu_stream = by[(label, 1, True)].cpu_per_req_ms or 0.0
-        per_chunk_us = (cpu_stream - cpu_json) / chunks * 1000
-        print(f"  [{label}] added p50 at c=1: {added:.3f} ms (< 1 ms: {verdict(added < 1)})")
-        print(
-            f"  [{label}] non-streaming throughput: {best:.0f} req/s "
-            f"(>= 1500: {verdict(best >= 1500)})"
-        )
-        print(
-            f"  [{label}] streaming CPU per chunk: {per_chunk_us:.1f} us "
-            f"(< 50 us: {verdict(per_chunk_us < 50)})"
-        )
-    acc = by[("keyed", 1, False)].p50_ms - by[("open", 1, False)].p50_ms
-    drop = 1 - (
-        max(by[("keyed", c, False)].rps for c in CONCURRENCY)
-        / max(by[("open", c, False)].rps for c in CONCURRENCY)
-    )
-    print(
-        f"  auth + admission + settlement p50 at c=1: {acc:.3f} ms (< 0.5 ms: {verdict(acc < 0.5)})"
-    )
-    print(f"  keyed vs open peak throughput drop: {drop:.1%} (< 20%: {verdict(drop < 0.2)})")
-
-
-async def _through_gateway(
-    label: str, mock_url: str, prefix: str, args: argparse.Namespace
-) -> list[Result]:
-    proc, root = _start_gateway(mock_url, args.chunks, label == "keyed", prefix)
-    try:
-        await _wait_ready(root)
-        headers = {"Content-Type": "application/json"}
-        if label == "keyed":
-            headers["Authorization"] = f"Bearer {await _high_limit_key(prefix)}"
-        url = f"{root}/v1/chat/completions"
-        return await _measure(label, url, headers, args.chunks, args.requests, proc.pid)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-
-
-def _medians(runs: list[Result]) -> list[Result]:
-    """One Result per (path, concurrency, mode): the median of each figure over the runs."""
-    groups: dict[tuple[str, int, bool], list[Result]] = {}
-    for r in runs:
-        groups.setdefault((r.label, r.concurrency, r.stream), []).append(r)
-    out = []
-    for (label, concurrency, stream), rs in groups.items():
-        cpus = [r.cpu_per_req_ms for r in rs if r.cpu_per_req_ms is not None]
-        out.append(
-            Result(
-                label,
-                concurrency,
-                stream,
-                statistics.median(r.rps for r in rs),
-                statistics.median(r.p50_ms for r in rs),
-                statistics.median(r.p99_ms for r in rs),
-                statistics.median(cpus) if cpus else None,
+    for label in PATHS:
+        for level in levels:
+            b = _median_burst(rounds, label, level)
+            added = [
+                r[(label, level)].p50_ms - r[("direct", level)].p50_ms
+                for r in rounds
+                if label != "direct"
+            ]
+            added_s = f"{statistics.median(added):10.3f}" if added else ""
+            cpu = "" if b.gateway_cpu_ms is None else f"{b.gateway_cpu_ms:14.3f}"
+            print(
+                f"{label:8} {level.concurrency:4d} {level.mode:6} {b.rps:9.0f} {b.p50_ms:8.3f} "
+                f"{b.p99_ms:8.3f} {added_s:>10} {cpu:>14} {b.redis_cpu_ms:17.3f}"
             )
-        )
-    return out
+
+
+def _targets(rounds: Rounds, chunks: int) -> list[Target]:
+    json1, stream1 = Level(1, False), Level(1, True)
+
+    def peak(r: dict[tuple[str, Level], Burst], label: str) -> float:
+        return max(r[(label, Level(c, False))].rps for c in CONCURRENCY)
+
+    def per_chunk_us(r: dict[tuple[str, Level], Burst], label: str) -> float:
+        cpu_json = r[(label, json1)].gateway_cpu_ms or 0.0
+        cpu_stream = r[(label, stream1)].gateway_cpu_ms or 0.0
+        return (cpu_stream - cpu_json) / chunks * 1000
+
+    targets = []
+    for label in ("open", "keyed"):
+        added = [r[(label, json1)].p50_ms - r[("direct", json1)].p50_ms for r in rounds]
+        targets += [
+            Target(f"[{label}] added p50 at c=1", " ms", 1.0, True, added),
+            Target(
+                f"[{label}] non-streaming throughput",
+                " req/s",
+                1500,
+                False,
+                [peak(r, label) for r in rounds],
+            ),
+            Target(
+                f"[{label}] streaming CPU per chunk",
+                " us",
+                50,
+                True,
+                [per_chunk_us(r, label) for r in rounds],
+            ),
+        ]
+    targets += [
+        Target(
+            "auth + admission + settlement p50 at c=1 (keyed - open, within each round)",
+            " ms",
+            0.5,
+            True,
+            [r[("keyed", json1)].p50_ms - r[("open", json1)].p50_ms for r in rounds],
+        ),
+        Target(
+            "keyed vs open peak throughput drop (within each round)",
+            "%",
+            20,
+            True,
+            [100 * (1 - peak(r, "keyed") / peak(r, "open")) for r in rounds],
+        ),
+    ]
+    return targets
+
+
+def _print_cpu_cost(rounds: Rounds) -> None:
+    """What keys cost in CPU per request, gateway and Redis together: a steadier figure than
+    throughput, and what bounds it once the machine is saturated."""
+    level = Level(64, False)
+    open_ = _median_burst(rounds, "open", level)
+    keyed = _median_burst(rounds, "keyed", level)
+    open_total = (open_.gateway_cpu_ms or 0.0) + open_.redis_cpu_ms
+    keyed_total = (keyed.gateway_cpu_ms or 0.0) + keyed.redis_cpu_ms
+    print(
+        f"\nCPU per request at c=64, json (gateway + Redis): open {open_total:.3f} ms, keyed "
+        f"{keyed_total:.3f} ms ({keyed.gateway_cpu_ms or 0.0:.3f} + {keyed.redis_cpu_ms:.3f}); "
+        f"keys add {keyed_total - open_total:.3f} ms = {keyed_total / open_total - 1:.1%}"
+    )
+
+
+async def _gateway(
+    label: str, mock_url: str, prefix: str, chunks: int, redis: Redis
+) -> tuple[subprocess.Popen[bytes], Path_]:
+    proc, root = _start_gateway(mock_url, chunks, label == "keyed", prefix)
+    await _wait_ready(root)
+    headers = {"Content-Type": "application/json"}
+    if label == "keyed":
+        headers["Authorization"] = f"Bearer {await _high_limit_key(redis, prefix)}"
+    return proc, Path_(label, f"{root}/v1/chat/completions", headers, "bench", proc.pid)
+
+
+async def _run(args: argparse.Namespace, mock_url: str, redis: Redis, prefix: str) -> Rounds:
+    direct = Path_(
+        "direct",
+        f"{mock_url}/chat/completions",
+        {"Content-Type": "application/json"},
+        f"echo-chunks-{args.chunks}",
+        None,
+    )
+    procs: list[subprocess.Popen[bytes]] = []
+    bench = Bench(redis, args.chunks, args.requests)
+    try:
+        paths = {"direct": direct}
+        for label in ("open", "keyed"):
+            proc, path = await _gateway(label, mock_url, prefix, args.chunks, redis)
+            procs.append(proc)
+            paths[label] = path
+        levels = [Level(c, stream) for stream in (False, True) for c in CONCURRENCY]
+        for level in levels:
+            for label in PATHS:
+                await bench.warm(paths[label], level)
+        rounds: Rounds = []
+        for i in range(args.rounds):
+            bursts: dict[tuple[str, Level], Burst] = {}
+            for j, level in enumerate(levels):
+                shift = (i + j) % len(PATHS)
+                for label in PATHS[shift:] + PATHS[:shift]:
+                    bursts[(label, level)] = await bench.burst(paths[label], level)
+            rounds.append(bursts)
+            print(f"round {i + 1}/{args.rounds} done", file=sys.stderr)
+        return rounds
+    finally:
+        await bench.close()
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=30)
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=3000, help="requests per level")
+    parser.add_argument("--requests", type=int, default=1500, help="requests per burst")
     parser.add_argument("--chunks", type=int, default=20, help="chunks per streamed answer")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per path; medians reported")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds; medians reported")
     args = parser.parse_args()
 
     ctx = mp.get_context("spawn")
@@ -307,24 +456,25 @@ async def main() -> None:
     mock_proc = ctx.Process(target=_run_mock, args=(queue,), daemon=True)
     mock_proc.start()
     mock_url = queue.get(timeout=30)
-    runs: list[Result] = []
     prefix = f"bench:{uuid.uuid4().hex}:"
+    redis = Redis.from_url(REDIS_URL)
     try:
-        for _ in range(args.repeat):  # the three paths alternate, so drift hits them alike
-            runs += await _measure(
-                "direct", f"{mock_url}/chat/completions", {}, args.chunks, args.requests, None
-            )
-            for label in ("open", "keyed"):
-                runs += await _through_gateway(label, mock_url, prefix, args)
+        rounds = await _run(args, mock_url, redis, prefix)
     finally:
         mock_proc.terminate()
-        await _drop_prefix(prefix)
-    results = _medians(runs)
+        await _drop_prefix(redis, prefix)
+        await redis.aclose()
+    levels = [Level(c, stream) for stream in (False, True) for c in CONCURRENCY]
     print(
-        f"cpus={os.cpu_count()} requests/level={args.requests} chunks={args.chunks} "
-        f"repeat={args.repeat} (medians; mock, gateway, Redis and load generator share the cores)"
+        f"cpus={os.cpu_count()} requests/burst={args.requests} chunks={args.chunks} "
+        f"rounds={args.rounds} (medians over rounds; mock, both gateways, Redis and the load "
+        "generator share the cores)"
     )
-    _print(results, args.chunks)
+    _print_table(rounds, levels)
+    _print_cpu_cost(rounds)
+    print("\nTargets (median over rounds, and the range of the per-round figures):")
+    for target in _targets(rounds, args.chunks):
+        print(target.line())
 
 
 if __name__ == "__main__":

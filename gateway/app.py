@@ -43,15 +43,18 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     async with AsyncExitStack() as stack:
         redis = await stack.enter_async_context(open_redis(settings.redis))
         app[REDIS] = redis
-        access: AccessControl = (
-            RedisAccessControl(
+        access: AccessControl
+        if settings.auth.enabled:
+            keyed = RedisAccessControl(
                 redis,
                 prefix=settings.redis.key_prefix,
                 usage_stream_maxlen=settings.limits.usage_stream_maxlen,
+                timeout_s=settings.redis.timeout_s,
             )
-            if settings.auth.enabled
-            else OpenAccess()
-        )
+            stack.push_async_callback(keyed.aclose)  # runs after the pipeline's drain below
+            access = keyed
+        else:
+            access = OpenAccess()
         app[ACCESS] = access
         providers = await stack.enter_async_context(open_providers(settings, app[METRICS]))
         router = Router(providers, settings.models)

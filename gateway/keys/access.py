@@ -38,6 +38,7 @@ class RedisAccessControl:
         prefix: str,
         usage_stream_maxlen: int,
         slot_ttl_s: float = 1800.0,
+        timeout_s: float = 5.0,
         auth_cache_s: float = 2.0,
         auth_cache_size: int = 10_000,
         clock: Callable[[], float] = time.time,
@@ -48,6 +49,7 @@ class RedisAccessControl:
             self.store.space,
             usage_stream_maxlen=usage_stream_maxlen,
             slot_ttl_s=slot_ttl_s,
+            timeout_s=timeout_s,
             clock=clock,
         )
         self._clock = clock
@@ -55,6 +57,10 @@ class RedisAccessControl:
         self._lookups: dict[str, asyncio.Future[Principal]] = {}
         self._cache_s = auth_cache_s
         self._cache_size = auth_cache_size
+
+    async def aclose(self) -> None:
+        """Close the connection admission and settlement use (after the last settlement)."""
+        await self._limiter.aclose()
 
     async def authenticate(self, token: str | None) -> Principal:
         if not token:

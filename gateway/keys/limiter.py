@@ -17,9 +17,10 @@ can never over-admit. Rules:
 
 from __future__ import annotations
 
+import itertools
 import math
+import secrets
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -65,19 +66,30 @@ class Limiter:
         *,
         usage_stream_maxlen: int,
         slot_ttl_s: float,
+        timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._space = space
         self._maxlen = usage_stream_maxlen
         self._slot_ttl_ms = int(slot_ttl_s * 1000)
         self._clock = clock
-        self._scripts = ScriptBatcher(redis)
+        self._scripts = ScriptBatcher(redis, timeout_s=timeout_s)
         self._admit = Script.of(lua("admit.lua"))
+        # Reservation tokens: unique across replicas (a random prefix per process) and cheap.
+        self._token_prefix = secrets.token_hex(8)
+        self._token_seq = itertools.count()
+        self._day: tuple[int, tuple[str, ...]] = (-1, ())  # the UTC day's spent-key stamps
         self._settle = Script.of(lua("settle.lua"))
 
     def _spent_keys(self, key_id: str, now_s: float) -> list[str]:
-        day = time.strftime("%Y-%m-%d", time.gmtime(now_s))
-        return [self._space.spent(key_id, stamp) for stamp in ("all", day, day[:7])]
+        day_number = int(now_s // 86_400)
+        if day_number != self._day[0]:
+            day = time.strftime("%Y-%m-%d", time.gmtime(now_s))
+            self._day = (day_number, ("all", day, day[:7]))
+        return [self._space.spent(key_id, stamp) for stamp in self._day[1]]
+
+    async def aclose(self) -> None:
+        await self._scripts.aclose()
 
     async def admit(
         self, key_id: str, digest: str, model: str, prompt_tokens: int, max_tokens: int
@@ -88,7 +100,7 @@ class Limiter:
         now_ms = int(now_s * 1000)
         minute = now_ms // _WINDOW_MS
         reset_ms = (minute + 1) * _WINDOW_MS - now_ms
-        token = f"{uuid.uuid4().hex}.{minute}"
+        token = f"{self._token_prefix}{next(self._token_seq):x}.{minute}"
         s = self._space
         keys = [
             s.key(key_id),
@@ -110,14 +122,15 @@ class Limiter:
             model,
         ]
         result = await self._scripts.run(self._admit, keys, args)
+        if result[0] == 0:
+            _, grant, reserved, rpm, rpm_left, tpm, tpm_left = result
+            headers: dict[str, str] = {}
+            if rpm != -1:
+                headers.update(_headers("requests", rpm, rpm_left, reset_ms))
+            if tpm != -1:
+                headers.update(_headers("tokens", tpm, tpm_left, reset_ms))
+            return Admission(grant, reserved, token, headers)
         match [text(v) if isinstance(v, bytes) else str(v) for v in result]:
-            case ["0", grant, reserved, rpm, rpm_left, tpm, tpm_left]:
-                headers: dict[str, str] = {}
-                if rpm != "-1":
-                    headers.update(_headers("requests", int(rpm), int(rpm_left), reset_ms))
-                if tpm != "-1":
-                    headers.update(_headers("tokens", int(tpm), int(tpm_left), reset_ms))
-                return Admission(int(grant), int(reserved), token, headers)
             case ["1", why]:
                 raise AuthenticationError(f"This API key has been {why}.")
             case ["4"]:

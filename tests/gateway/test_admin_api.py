@@ -214,6 +214,7 @@ async def test_usage_query(client: TestClient[Any, Any], redis: Redis, prefix: s
     for model in ("a", "b", "b"):
         grant = await access.admit(Ticket(principal, model, "req", 4, 10))
         await access.settle(grant, Outcome(Usage(4, 6, reasoning_tokens=2), 200))
+    await access.aclose()
     resp = await client.get(
         "/admin/usage",
         params={"key_id": created["id"], "group_by": "model", "start": "2020-01-01", "end": ""},

@@ -97,6 +97,7 @@ def test_usage_totals(prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
         for model, completion in (("a", 5), ("b", 7), ("b", 1)):
             grant = await access.admit(Ticket(principal, model, "req", 3, 10))
             await access.settle(grant, Outcome(Usage(3, completion), 200))
+        await access.aclose()
         await redis.aclose()
 
     asyncio.run(spend())

@@ -37,9 +37,11 @@ def clock() -> Clock:
 @pytest.fixture
 async def access(redis: Redis, clock: Clock) -> AsyncIterator[RedisAccessControl]:
     prefix = f"test:{uuid.uuid4().hex}:"
-    yield RedisAccessControl(
+    access = RedisAccessControl(
         redis, prefix=prefix, usage_stream_maxlen=3, slot_ttl_s=300, clock=clock
     )
+    yield access
+    await access.aclose()
     keys = [key async for key in redis.scan_iter(match=prefix + "*")]
     if keys:
         await redis.delete(*keys)

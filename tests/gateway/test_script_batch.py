@@ -1,49 +1,248 @@
-"""Lua scripts sent one pipeline per loop tick, against the real Redis."""
+"""Lua scripts on one pipelined connection: against the real Redis, a private redis-server (auth,
+db, unix socket, restarts) and servers that misbehave."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import socket
+import subprocess
+import time
 import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import pytest
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.keys import script_batch
 from gateway.keys.script_batch import Script, ScriptBatcher
+from tests.gateway.conftest import REDIS_URL
 
 INCR = Script.of("return redis.call('INCRBY', KEYS[1], ARGV[1])")
 
 
-async def test_calls_in_one_tick_share_a_pipeline_and_keep_their_results(redis: Redis) -> None:
-    key = f"test:{uuid.uuid4().hex}"
-    batcher = ScriptBatcher(redis)
-    sent: list[int] = []
-    original = batcher._send
-
-    async def counting(batch: list) -> None:  # type: ignore[type-arg]
-        sent.append(len(batch))
-        await original(batch)
-
-    batcher._send = counting  # type: ignore[method-assign]
-    try:
-        results = await asyncio.gather(*(batcher.run(INCR, [key], [1]) for _ in range(50)))
-        assert sorted(results) == list(range(1, 51))
-        assert sent == [50]
-        assert await batcher.run(INCR, [key], [5]) == 55
-    finally:
-        await redis.delete(key)
+@pytest.fixture
+async def batcher(redis: Redis) -> AsyncIterator[ScriptBatcher]:
+    scripts = ScriptBatcher(redis)
+    yield scripts
+    await scripts.aclose()
 
 
-async def test_a_script_unknown_to_the_server_is_loaded(redis: Redis) -> None:
+@pytest.fixture
+async def key(redis: Redis) -> AsyncIterator[str]:
+    name = f"test:{uuid.uuid4().hex}"
+    yield name
+    await redis.delete(name)
+
+
+async def test_calls_in_one_tick_share_one_write_and_run_in_order(
+    batcher: ScriptBatcher, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert await batcher.run(INCR, [key], [0]) == 0  # the script is in the server's cache now
+    writes: list[int] = []
+    send = script_batch._Channel.send
+
+    def counting(channel: Any, calls: Any) -> None:
+        writes.append(len(calls))
+        send(channel, calls)
+
+    monkeypatch.setattr(script_batch._Channel, "send", counting)
+    results = await asyncio.gather(*(batcher.run(INCR, [key], [1]) for _ in range(50)))
+    assert results == list(range(1, 51))  # one connection, replies in the order of the calls
+    assert writes == [50]
+    assert await batcher.run(INCR, [key], [5]) == 55
+    assert writes == [50, 1]
+
+
+async def test_a_script_unknown_to_the_server_is_sent_again_as_eval(
+    batcher: ScriptBatcher, key: str
+) -> None:
     fresh = Script.of(f"return '{uuid.uuid4().hex}'")  # never loaded: EVALSHA says NOSCRIPT
-    assert await ScriptBatcher(redis).run(fresh, [], []) == fresh.source.split("'")[1].encode()
-
-
-async def test_a_failing_script_fails_only_its_caller(redis: Redis) -> None:
-    batcher = ScriptBatcher(redis)
-    bad = Script.of("return redis.call('NO_SUCH_COMMAND')")
-    key = f"test:{uuid.uuid4().hex}"
-    ok, failed = await asyncio.gather(
-        batcher.run(INCR, [key], [2]), batcher.run(bad, [], []), return_exceptions=True
+    first, second, third = await asyncio.gather(
+        batcher.run(INCR, [key], [1]), batcher.run(fresh, [], []), batcher.run(INCR, [key], [1])
     )
-    await redis.delete(key)
-    assert ok == 2 and isinstance(failed, ResponseError)
+    assert (first, third) == (1, 2)
+    assert second == fresh.source.split("'")[1].encode()
+
+
+async def test_a_failing_script_fails_only_its_caller(batcher: ScriptBatcher, key: str) -> None:
+    bad = Script.of("return redis.call('NO_SUCH_COMMAND')")
+    ok, failed, after = await asyncio.gather(
+        batcher.run(INCR, [key], [2]),
+        batcher.run(bad, [], []),
+        batcher.run(INCR, [key], [1]),
+        return_exceptions=True,
+    )
+    assert (ok, after) == (2, 3) and isinstance(failed, ResponseError)
+
+
+async def test_a_closed_batcher_refuses_calls(redis: Redis) -> None:
+    scripts = ScriptBatcher(redis)
+    await scripts.aclose()
+    with pytest.raises(RedisConnectionError):
+        await scripts.run(INCR, ["unused"], [1])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class PrivateRedis:
+    port: int
+    password: str
+    socket: Path
+
+    def url(self, db: int = 0, password: str | None = None) -> str:
+        return f"redis://:{password or self.password}@127.0.0.1:{self.port}/{db}"
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A redis-server of this test's own, with a password, on a port and a unix socket."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    server = PrivateRedis(_free_port(), uuid.uuid4().hex, tmp_path / "redis.sock")
+    proc = subprocess.Popen(
+        [binary, "--port", str(server.port), "--requirepass", server.password,
+         "--unixsocket", str(server.socket), "--save", "", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            if server.socket.exists():
+                break
+            time.sleep(0.025)
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def test_authenticates_and_selects_the_database_of_the_url(
+    private_redis: PrivateRedis,
+) -> None:
+    client = Redis.from_url(private_redis.url(db=3))
+    scripts = ScriptBatcher(client)
+    try:
+        assert await scripts.run(INCR, ["counter"], [7]) == 7
+        assert await client.get("counter") == b"7"
+    finally:
+        await scripts.aclose()
+        await client.aclose()
+    in_db0 = Redis.from_url(private_redis.url(db=0))
+    assert await in_db0.get("counter") is None
+    await in_db0.aclose()
+
+
+async def test_connects_over_a_unix_socket(private_redis: PrivateRedis) -> None:
+    client = Redis.from_url(f"unix://{private_redis.socket}?db=2&password={private_redis.password}")
+    scripts = ScriptBatcher(client)
+    try:
+        assert await scripts.run(INCR, ["counter"], [3]) == 3
+        assert await client.get("counter") == b"3"
+    finally:
+        await scripts.aclose()
+        await client.aclose()
+
+
+async def test_a_wrong_password_fails_the_calls_with_a_redis_error(
+    private_redis: PrivateRedis,
+) -> None:
+    client = Redis.from_url(private_redis.url(password="wrong"))
+    scripts = ScriptBatcher(client)
+    try:
+        with pytest.raises(RedisConnectionError):
+            await scripts.run(INCR, ["counter"], [1])
+    finally:
+        await scripts.aclose()
+        await client.aclose()
+
+
+async def test_a_lost_connection_fails_its_calls_and_the_next_call_reconnects(
+    private_redis: PrivateRedis,
+) -> None:
+    client = Redis.from_url(private_redis.url())
+    scripts = ScriptBatcher(client)
+    try:
+        assert await scripts.run(INCR, ["n"], [1]) == 1
+        await client.client_kill_filter(_type="normal", skipme=True)  # drops the batcher's
+        assert await scripts.run(INCR, ["n"], [1]) == 2
+    finally:
+        await scripts.aclose()
+        await client.aclose()
+
+
+async def _silent_server(answer: bytes | None) -> tuple[asyncio.Server, int]:
+    """A server that reads requests and answers `answer` (None: never answers)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while await reader.read(65536):
+                if answer is not None:
+                    writer.write(answer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [(None, RedisTimeoutError), (b"?garbage\r\n", RedisError)],
+    ids=["no answer", "not RESP"],
+)
+async def test_a_server_that_does_not_answer_properly_fails_every_waiting_call(
+    answer: bytes | None, error: type[Exception]
+) -> None:
+    server, port = await _silent_server(answer)
+    client = Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    scripts = ScriptBatcher(client, timeout_s=0.3)
+    try:
+        results = await asyncio.gather(
+            *(scripts.run(INCR, ["k"], [1]) for _ in range(3)), return_exceptions=True
+        )
+        assert all(isinstance(r, error) for r in results), results
+    finally:
+        await scripts.aclose()
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_unreachable_server_fails_the_calls_with_a_connection_error() -> None:
+    client = Redis.from_url(f"redis://127.0.0.1:{_free_port()}/0")
+    scripts = ScriptBatcher(client, timeout_s=1)
+    try:
+        with pytest.raises(RedisConnectionError):
+            await scripts.run(INCR, ["k"], [1])
+    finally:
+        await scripts.aclose()
+        await client.aclose()
+
+
+def test_runs_on_uvloop_the_loop_the_gateway_serves_on() -> None:
+    uvloop = pytest.importorskip("uvloop")
+    key = f"test:{uuid.uuid4().hex}"
+
+    async def main() -> list[Any]:
+        client = Redis.from_url(REDIS_URL)
+        scripts = ScriptBatcher(client)
+        try:
+            return list(await asyncio.gather(*(scripts.run(INCR, [key], [2]) for _ in range(3))))
+        finally:
+            await scripts.aclose()
+            await client.delete(key)
+            await client.aclose()
+
+    assert uvloop.run(main()) == [2, 4, 6]
