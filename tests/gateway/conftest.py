@@ -4,10 +4,14 @@ real Redis under a unique key prefix, with one user key created through the real
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import subprocess
+import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -94,6 +98,57 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@dataclass
+class PrivateRedis:
+    """A redis-server of a test's own (password, port, unix socket, append-only file in `dir`),
+    for what the shared one must not see: a restart, an outage, AUTH, databases."""
+
+    dir: Path
+    port: int = field(default_factory=closed_port)
+    password: str = field(default_factory=lambda: uuid.uuid4().hex)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "redis.sock"
+
+    def url(self, db: int = 0, password: str | None = None) -> str:
+        return f"redis://:{password or self.password}@127.0.0.1:{self.port}/{db}"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("redis-server is not installed")
+        self.socket.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--requirepass", self.password,
+             "--unixsocket", str(self.socket), "--dir", str(self.dir),
+             "--appendonly", "yes", "--save", ""],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        for _ in range(400):
+            if self.socket.exists():
+                return
+            time.sleep(0.025)
+        raise RuntimeError("the private redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def gateway_settings(mock: MockUpstream, prefix: str, **overrides: Any) -> Settings:

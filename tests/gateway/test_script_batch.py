@@ -4,14 +4,8 @@ db, unix socket, restarts) and servers that misbehave."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,7 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.keys import script_batch
 from gateway.keys.script_batch import Script, ScriptBatcher
-from tests.gateway.conftest import REDIS_URL
+from tests.gateway.conftest import REDIS_URL, PrivateRedis, closed_port
 
 INCR = Script.of("return redis.call('INCRBY', KEYS[1], ARGV[1])")
 
@@ -87,45 +81,6 @@ async def test_a_closed_batcher_refuses_calls(redis: Redis) -> None:
     await scripts.aclose()
     with pytest.raises(RedisConnectionError):
         await scripts.run(INCR, ["unused"], [1])
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class PrivateRedis:
-    port: int
-    password: str
-    socket: Path
-
-    def url(self, db: int = 0, password: str | None = None) -> str:
-        return f"redis://:{password or self.password}@127.0.0.1:{self.port}/{db}"
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    """A redis-server of this test's own, with a password, on a port and a unix socket."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    server = PrivateRedis(_free_port(), uuid.uuid4().hex, tmp_path / "redis.sock")
-    proc = subprocess.Popen(
-        [binary, "--port", str(server.port), "--requirepass", server.password,
-         "--unixsocket", str(server.socket), "--save", "", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        for _ in range(200):
-            if server.socket.exists():
-                break
-            time.sleep(0.025)
-        yield server
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 async def test_authenticates_and_selects_the_database_of_the_url(
@@ -221,7 +176,7 @@ async def test_a_server_that_does_not_answer_properly_fails_every_waiting_call(
 
 
 async def test_an_unreachable_server_fails_the_calls_with_a_connection_error() -> None:
-    client = Redis.from_url(f"redis://127.0.0.1:{_free_port()}/0")
+    client = Redis.from_url(f"redis://127.0.0.1:{closed_port()}/0")
     scripts = ScriptBatcher(client, timeout_s=1)
     try:
         with pytest.raises(RedisConnectionError):
