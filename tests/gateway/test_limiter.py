@@ -253,6 +253,35 @@ async def test_concurrency_slots_release_on_settle_and_expire_when_a_replica_die
     assert await redis.hget(access.store.space.held(principal.key_id), "_sum") == b"40"
 
 
+async def test_a_dead_replicas_reservation_is_freed_when_the_budget_needs_it(
+    access: RedisAccessControl, redis: Redis, clock: Clock
+) -> None:
+    _, principal = await make_key(access, budget_tokens=100)
+    await access.admit(ticket(principal, 10, 80))  # never settled: its replica "dies"
+    clipped = await access.admit(ticket(principal, 5, 50))
+    assert clipped.max_tokens == 5  # only 10 left while the dead reservation counts
+    await settle(access, clipped, 5, 0)
+    clock.now += 301
+    full = await access.admit(ticket(principal, 5, 50))
+    assert full.max_tokens == 50  # the dead reservation is gone once it made a difference
+    held = access.store.space.held(principal.key_id)
+    assert await redis.hget(held, "_sum") == b"55"
+    assert await redis.zcard(access.store.space.slots(principal.key_id)) == 1
+
+
+async def test_dead_slots_are_swept_now_and_then_even_without_limits_that_need_it(
+    access: RedisAccessControl, redis: Redis, clock: Clock
+) -> None:
+    _, principal = await make_key(access)
+    await access.admit(ticket(principal, 10, 10))  # never settled
+    sweeping_ms = (int((clock.now + 301) * 1000) // 32 + 1) * 32  # an admission that sweeps
+    clock.now = (sweeping_ms + 0.5) / 1000
+    live = await access.admit(ticket(principal, 10, 10))
+    assert await redis.zrange(access.store.space.slots(principal.key_id), 0, -1) == [
+        live.token.encode()
+    ]
+
+
 async def test_settlement_records_usage_in_capped_stream_and_counters(
     access: RedisAccessControl, redis: Redis, clock: Clock
 ) -> None:

@@ -27,17 +27,27 @@ if f[9] and not string.find(f[9], '\n' .. ARGV[8] .. '\n', 1, true) then
 end
 local rpm, tpm, conc, budget = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
 
--- Slots past their deadline belong to requests whose replica died: drop them and their tokens.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
-for _, old in ipairs(expired) do
-  local amount = redis.call('HGET', KEYS[3], old)
-  if amount then
-    redis.call('HINCRBY', KEYS[3], '_sum', -tonumber(amount))
-    redis.call('HDEL', KEYS[3], old)
+-- Slots past their deadline belong to requests whose replica died: their slots and
+-- reservations are dropped when they would make a difference (a refusal or a clipped
+-- max_tokens) and on about one admission in 32 (so they cannot pile up), not on every one:
+-- until then they only make admission stricter.
+local function sweep()
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+  for _, old in ipairs(expired) do
+    local amount = redis.call('HGET', KEYS[3], old)
+    if amount then
+      redis.call('HINCRBY', KEYS[3], '_sum', -tonumber(amount))
+      redis.call('HDEL', KEYS[3], old)
+    end
   end
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  end
+  return #expired > 0
 end
-if #expired > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local swept = now % 32 == 0
+if swept then
+  sweep()
 end
 
 if budget then
@@ -46,6 +56,12 @@ if budget then
   local spent = tonumber(redis.call('GET', spent_key)) or 0
   local held = tonumber(redis.call('HGET', KEYS[3], '_sum')) or 0
   local left = budget - spent - held
+  if left < prompt + grant then
+    swept = true
+    if sweep() then
+      left = budget - spent - (tonumber(redis.call('HGET', KEYS[3], '_sum')) or 0)
+    end
+  end
   if left <= prompt then
     return {2, math.max(left, 0)}
   end
@@ -76,7 +92,9 @@ if tpm then
   end
 end
 if conc and redis.call('ZCARD', KEYS[2]) >= conc then
-  return {3, 1000, 'concurrency', conc}
+  if swept or not sweep() or redis.call('ZCARD', KEYS[2]) >= conc then
+    return {3, 1000, 'concurrency', conc}
+  end
 end
 
 redis.call('ZADD', KEYS[2], now + ttl, token)

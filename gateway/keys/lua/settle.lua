@@ -6,7 +6,8 @@
 --       10 usage stream
 -- ARGV: 1 request token, 2 reserved tokens, 3 used tokens (prompt + completion), 4 UTC day,
 --       5 ttl of a day's spent counter (ms), 6 ttl of a month's (ms), 7 stream maxlen,
---       8 JSON object {counter field: increment}, 9 JSON object {stream field: value}
+--       8 n, then n pairs (counter field, increment), then the stream entry's field/value pairs.
+--       (Flat rather than JSON: decoding JSON was a quarter of this script's cost.)
 -- Returns the tokens charged against the budget.
 local token, reserved, used = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
@@ -41,16 +42,11 @@ else
   charge = 0
 end
 
-for field, increment in pairs(cjson.decode(ARGV[8])) do
-  redis.call('HINCRBY', KEYS[8], field, increment)
+local counters = tonumber(ARGV[8])
+for i = 9, 8 + 2 * counters, 2 do
+  redis.call('HINCRBY', KEYS[8], ARGV[i], ARGV[i + 1])
 end
 redis.call('SADD', KEYS[9], ARGV[4])
-local entry = {}
-for field, value in pairs(cjson.decode(ARGV[9])) do
-  entry[#entry + 1] = field
-  entry[#entry + 1] = value
-end
-entry[#entry + 1] = 'charged_tokens'
-entry[#entry + 1] = charge
-redis.call('XADD', KEYS[10], 'MAXLEN', ARGV[7], '*', unpack(entry))
+redis.call('XADD', KEYS[10], 'MAXLEN', ARGV[7], '*', 'charged_tokens', charge,
+           unpack(ARGV, 9 + 2 * counters))
 return charge
