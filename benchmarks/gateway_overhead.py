@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -34,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +44,7 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.http_load import Bench, Burst, Endpoint, Level  # noqa: E402
 from gateway.keys.records import KeyCreate  # noqa: E402
 from gateway.keys.store import KeyStore  # noqa: E402
 from tests.mock_upstream import MockUpstream  # noqa: E402
@@ -53,7 +52,6 @@ from tests.mock_upstream import MockUpstream  # noqa: E402
 REDIS_URL = "redis://127.0.0.1:6379/0"
 CONCURRENCY = (1, 16, 64)
 PATHS = ("direct", "open", "keyed")
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _free_port() -> int:
@@ -80,37 +78,6 @@ class _Discard(list):  # type: ignore[type-arg]
         return None
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-async def _redis_cpu_seconds(redis: Redis) -> float:
-    info = await redis.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
-@dataclass(frozen=True)
-class Level:
-    concurrency: int
-    stream: bool
-
-    @property
-    def mode(self) -> str:
-        return "stream" if self.stream else "json"
-
-
-@dataclass
-class Burst:
-    """One burst of requests on one path at one level."""
-
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    gateway_cpu_ms: float | None  # gateway process CPU per request
-    redis_cpu_ms: float  # Redis server CPU per request (whoever else uses it counts too)
-
-
 @dataclass
 class Target:
     name: str
@@ -132,105 +99,6 @@ class Target:
     @property
     def _digits(self) -> int:
         return 3 if self.unit == " ms" else 1
-
-
-async def _load(
-    session: aiohttp.ClientSession,
-    url: str,
-    headers: dict[str, str],
-    body: bytes,
-    concurrency: int,
-    total: int,
-    stream: bool,
-) -> tuple[float, list[float]]:
-    latencies: list[float] = []
-    remaining = total
-
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            t0 = time.perf_counter()
-            async with session.post(url, data=body, headers=headers) as resp:
-                if stream:
-                    async for _ in resp.content.iter_any():
-                        pass
-                else:
-                    await resp.read()
-                if resp.status != 200:
-                    raise RuntimeError(f"{url} answered {resp.status}")
-            latencies.append(time.perf_counter() - t0)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return time.perf_counter() - started, latencies
-
-
-@dataclass
-class Path_:
-    label: str
-    url: str
-    headers: dict[str, str]
-    model: str
-    pid: int | None
-
-
-class Bench:
-    def __init__(self, redis: Redis, chunks: int, requests: int) -> None:
-        self._redis = redis
-        self._chunks = chunks
-        self._requests = requests
-        # One connection pool per (path, concurrency), kept across rounds: a burst measures
-        # requests, not connection set-up.
-        self._sessions: dict[tuple[str, int], aiohttp.ClientSession] = {}
-
-    def _session(self, label: str, concurrency: int) -> aiohttp.ClientSession:
-        key = (label, concurrency)
-        if key not in self._sessions:
-            connector = aiohttp.TCPConnector(limit=concurrency)
-            self._sessions[key] = aiohttp.ClientSession(connector=connector)
-        return self._sessions[key]
-
-    async def close(self) -> None:
-        for session in self._sessions.values():
-            await session.close()
-
-    def _body(self, path: Path_, level: Level) -> bytes:
-        return json.dumps(
-            {
-                "model": path.model,
-                "messages": [{"role": "user", "content": "the quick brown fox"}],
-                "stream": level.stream,
-                "max_tokens": self._chunks + 8,
-            }
-        ).encode()
-
-    def _count(self, level: Level) -> int:
-        return max(200, self._requests // 4) if level.concurrency == 1 else self._requests
-
-    async def warm(self, path: Path_, level: Level) -> None:
-        session = self._session(path.label, level.concurrency)
-        body = self._body(path, level)
-        await _load(session, path.url, path.headers, body, level.concurrency, 200, level.stream)
-
-    async def burst(self, path: Path_, level: Level) -> Burst:
-        session = self._session(path.label, level.concurrency)
-        body, n = self._body(path, level), self._count(level)
-        cpu0 = _cpu_seconds(path.pid) if path.pid else 0.0
-        redis0 = await _redis_cpu_seconds(self._redis)
-        elapsed, lat = await _load(
-            session, path.url, path.headers, body, level.concurrency, n, level.stream
-        )
-        redis_cpu = (await _redis_cpu_seconds(self._redis) - redis0) / n * 1000
-        cpu = (_cpu_seconds(path.pid) - cpu0) / n * 1000 if path.pid else None
-        lat.sort()
-        return Burst(
-            n / elapsed,
-            statistics.median(lat) * 1000,
-            lat[int(len(lat) * 0.99) - 1] * 1000,
-            cpu,
-            redis_cpu,
-        )
 
 
 def _start_gateway(
@@ -397,17 +265,17 @@ def _print_cpu_cost(rounds: Rounds) -> None:
 
 async def _gateway(
     label: str, mock_url: str, prefix: str, chunks: int, redis: Redis
-) -> tuple[subprocess.Popen[bytes], Path_]:
+) -> tuple[subprocess.Popen[bytes], Endpoint]:
     proc, root = _start_gateway(mock_url, chunks, label == "keyed", prefix)
     await _wait_ready(root)
     headers = {"Content-Type": "application/json"}
     if label == "keyed":
         headers["Authorization"] = f"Bearer {await _high_limit_key(redis, prefix)}"
-    return proc, Path_(label, f"{root}/v1/chat/completions", headers, "bench", proc.pid)
+    return proc, Endpoint(label, f"{root}/v1/chat/completions", headers, "bench", proc.pid)
 
 
 async def _run(args: argparse.Namespace, mock_url: str, redis: Redis, prefix: str) -> Rounds:
-    direct = Path_(
+    direct = Endpoint(
         "direct",
         f"{mock_url}/chat/completions",
         {"Content-Type": "application/json"},
