@@ -74,11 +74,11 @@ class Limiter:
         self._clock = clock
         self._scripts = ScriptBatcher(redis, timeout_s=timeout_s)
         self._admit = Script.of(lua("admit.lua"))
+        self._settle = Script.of(lua("settle.lua"))
         # Reservation tokens: unique across replicas (a random prefix per process) and cheap.
         self._token_prefix = secrets.token_hex(8)
         self._token_seq = itertools.count()
         self._day: tuple[int, tuple[str, ...]] = (-1, ())  # the UTC day's spent-key stamps
-        self._settle = Script.of(lua("settle.lua"))
 
     def _spent_keys(self, key_id: str, now_s: float) -> list[str]:
         day_number = int(now_s // 86_400)

@@ -31,19 +31,23 @@ local rpm, tpm, conc, budget = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]), t
 -- reservations are dropped when they would make a difference (a refusal or a clipped
 -- max_tokens) and on about one admission in 32 (so they cannot pile up), not on every one:
 -- until then they only make admission stricter.
-local function sweep()
+local function sweep()  -- returns the slots dropped and the tokens they held
   local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+  local freed = 0
   for _, old in ipairs(expired) do
     local amount = redis.call('HGET', KEYS[3], old)
     if amount then
-      redis.call('HINCRBY', KEYS[3], '_sum', -tonumber(amount))
+      freed = freed + tonumber(amount)
       redis.call('HDEL', KEYS[3], old)
     end
+  end
+  if freed > 0 then
+    redis.call('HINCRBY', KEYS[3], '_sum', -freed)
   end
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
   end
-  return #expired > 0
+  return #expired, freed
 end
 local swept = now % 32 == 0
 if swept then
@@ -56,11 +60,10 @@ if budget then
   local spent = tonumber(redis.call('GET', spent_key)) or 0
   local held = tonumber(redis.call('HGET', KEYS[3], '_sum')) or 0
   local left = budget - spent - held
-  if left < prompt + grant then
+  if left < prompt + grant and not swept then
     swept = true
-    if sweep() then
-      left = budget - spent - (tonumber(redis.call('HGET', KEYS[3], '_sum')) or 0)
-    end
+    local _, freed = sweep()
+    left = left + freed
   end
   if left <= prompt then
     return {2, math.max(left, 0)}
@@ -91,8 +94,12 @@ if tpm then
     return {3, reset, 'tpm', tpm}
   end
 end
-if conc and redis.call('ZCARD', KEYS[2]) >= conc then
-  if swept or not sweep() or redis.call('ZCARD', KEYS[2]) >= conc then
+if conc then
+  local busy = redis.call('ZCARD', KEYS[2])
+  if busy >= conc and not swept then
+    busy = busy - sweep()
+  end
+  if busy >= conc then
     return {3, 1000, 'concurrency', conc}
   end
 end
