@@ -21,10 +21,10 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from backend import fp8
-from backend.config import ModelConfig
-from backend.model import DeepseekV3ForCausalLM
-from backend.tokenizer_assets import write_tokenizer_files
+from backend.model import fp8
+from backend.model.config import ModelConfig
+from backend.model.model import DeepseekV3ForCausalLM
+from backend.text.tokenizer_assets import write_tokenizer_files
 
 VOCAB_SIZE = 129280
 

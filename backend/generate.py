@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from backend.checkpoint import load_model
-from backend.detokenizer import IncrementalDetokenizer
-from backend.tokenizer import Tokenizer
+from backend.model.checkpoint import load_model
+from backend.text.detokenizer import IncrementalDetokenizer
+from backend.text.tokenizer import Tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -31,11 +31,11 @@ import aiohttp
 import torch
 from aiohttp import web
 
-from backend.checkpoint import load_generation_config, load_model
-from backend.engine_config import EngineConfig
-from backend.llm_engine import LLMEngine
-from backend.model import DeepseekV3ForCausalLM
-from backend.sampling_params import SamplingParams
+from backend.engine.engine_config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.model.checkpoint import load_generation_config, load_model
+from backend.model.model import DeepseekV3ForCausalLM
 from providers.local_setup import default_device, resolve_checkpoint
 
 NUM_REQUESTS = 64

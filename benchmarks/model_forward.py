@@ -20,11 +20,11 @@ import torch
 from transformers import DeepseekV3ForCausalLM as HFDeepseekV3
 from transformers import DynamicCache
 
-from backend.cache import ForwardBatch
-from backend.checkpoint import load_model
 from backend.demo_checkpoint import write_demo_checkpoint
-from backend.model import DeepseekV3ForCausalLM
-from backend.moe import MoE
+from backend.model.cache import ForwardBatch
+from backend.model.checkpoint import load_model
+from backend.model.model import DeepseekV3ForCausalLM
+from backend.model.moe import MoE
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from backend.engine import EngineStats
+from backend.engine.async_engine import EngineStats
 
 
 class EngineCollector(Collector):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from backend.engine_config import EngineConfig
+from backend.engine.engine_config import EngineConfig
 from gateway.engine_metrics import register_engine_metrics
 from gateway.metrics import Metrics
 from gateway.settings import EngineSettings

@@ -19,16 +19,16 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backend.chat_template import ChatFormatError
-from backend.engine import (
+from backend.engine.async_engine import (
     AsyncEngine,
     EngineClosed,
     EngineError,
     EngineOverloaded,
     EngineStats,
 )
-from backend.sampling_params import SamplingParams
-from backend.tokenizer import Tokenizer
+from backend.engine.sampling_params import SamplingParams
+from backend.text.chat_template import ChatFormatError
+from backend.text.tokenizer import Tokenizer
 from providers.base import ModelCard
 from providers.errors import InvalidRequest, Overloaded, UpstreamUnavailable
 from providers.local_stream import TokenTranslator

@@ -18,11 +18,11 @@ from pathlib import Path
 import structlog
 import torch
 
-from backend.checkpoint import INDEX_FILE, load_generation_config
 from backend.demo_checkpoint import PRESETS, write_demo_checkpoint
-from backend.engine import AsyncEngine
-from backend.engine_config import EngineConfig
-from backend.tokenizer import Tokenizer
+from backend.engine.async_engine import AsyncEngine
+from backend.engine.engine_config import EngineConfig
+from backend.model.checkpoint import INDEX_FILE, load_generation_config
+from backend.text.tokenizer import Tokenizer
 from providers.local import LocalProvider
 
 log = structlog.get_logger("providers.local")

@@ -10,16 +10,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from backend.detokenizer import IncrementalDetokenizer
-from backend.output_parser import (
+from backend.text.detokenizer import IncrementalDetokenizer
+from backend.text.output_parser import (
     ContentDelta,
     OutputParser,
     ParsedDelta,
     ToolCallArgs,
     ToolCallStart,
 )
-from backend.output_parser import ReasoningDelta as ParsedReasoning
-from backend.tokenizer import Tokenizer
+from backend.text.output_parser import ReasoningDelta as ParsedReasoning
+from backend.text.tokenizer import Tokenizer
 from providers.types import Event, ReasoningDelta, TextDelta, ToolCallDelta
 
 

@@ -23,7 +23,7 @@ import json
 import uuid
 from typing import Any, Literal
 
-from backend.think_splitter import ThinkSplitter
+from backend.text.think_splitter import ThinkSplitter
 from providers.errors import UpstreamUnavailable
 from providers.types import (
     ChatRequest,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.checkpoint import load_model
 from backend.demo_checkpoint import write_demo_checkpoint
-from backend.model import DeepseekV3ForCausalLM
+from backend.model.checkpoint import load_model
+from backend.model.model import DeepseekV3ForCausalLM
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -8,11 +8,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from backend.checkpoint import load_generation_config
-from backend.engine_config import EngineConfig
-from backend.llm_engine import LLMEngine, RequestOutput
-from backend.model import DeepseekV3ForCausalLM
-from backend.sampling_params import SamplingParams
+from backend.engine.engine_config import EngineConfig
+from backend.engine.llm_engine import LLMEngine, RequestOutput
+from backend.engine.sampling_params import SamplingParams
+from backend.model.checkpoint import load_generation_config
+from backend.model.model import DeepseekV3ForCausalLM
 
 PROMPT_VOCAB = 512  # prompts draw token ids below this
 HASH_SEED = b"engine-tests"

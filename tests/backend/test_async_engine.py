@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from backend.engine import (
+from backend.engine.async_engine import (
     AsyncEngine,
     EngineClosed,
     EngineError,
@@ -19,10 +19,10 @@ from backend.engine import (
     PromptTooLong,
     RequestOutput,
 )
-from backend.engine_config import EngineConfig
-from backend.fingerprint import checkpoint_fingerprint
-from backend.model import DeepseekV3ForCausalLM
-from backend.sampling_params import SamplingParams
+from backend.engine.engine_config import EngineConfig
+from backend.engine.sampling_params import SamplingParams
+from backend.model.fingerprint import checkpoint_fingerprint
+from backend.model.model import DeepseekV3ForCausalLM
 from tests.backend.engine_helpers import (
     GREEDY,
     engine_config,

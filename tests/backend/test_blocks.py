@@ -6,10 +6,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from backend.block_hash import chain_hashes, root_hash
-from backend.blocks import BlockEvent, BlockEvicted, BlockManager, BlockStored
-from backend.sampling_params import SamplingParams
-from backend.sequence import Sequence
+from backend.engine.block_hash import chain_hashes, root_hash
+from backend.engine.blocks import BlockEvent, BlockEvicted, BlockManager, BlockStored
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.sequence import Sequence
 
 SEED = b"ckpt-fingerprint"
 
@@ -209,7 +209,7 @@ def test_hash_chain_depends_on_seed_block_size_and_prefix() -> None:
 def test_hashes_identical_across_processes() -> None:
     tokens = list(range(1000, 1100))
     code = (
-        "from backend.block_hash import chain_hashes;"
+        "from backend.engine.block_hash import chain_hashes;"
         f"print(','.join(h.hex() for h in chain_hashes({SEED!r}, {tokens!r}, 16)))"
     )
     outputs = set()
@@ -226,7 +226,9 @@ def test_hashes_identical_across_processes() -> None:
 
 
 def test_importing_block_manager_does_not_import_torch() -> None:
-    code = "import sys, backend.blocks, backend.scheduler; print('torch' in sys.modules)"
+    code = (
+        "import sys, backend.engine.blocks, backend.engine.scheduler; print('torch' in sys.modules)"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )

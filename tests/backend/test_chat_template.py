@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from backend.chat_template import ChatFormatError, normalize_messages, tools_prompt
-from backend.tokenizer import Tokenizer
-from backend.tokenizer_assets import write_tokenizer_files
+from backend.text.chat_template import ChatFormatError, normalize_messages, tools_prompt
+from backend.text.tokenizer import Tokenizer
+from backend.text.tokenizer_assets import write_tokenizer_files
 
 TOOLS = [
     {

@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from backend.checkpoint import CheckpointError, load_generation_config, load_model
-from backend.config import ConfigError, ModelConfig
 from backend.demo_checkpoint import demo_config, write_demo_checkpoint
+from backend.model.checkpoint import CheckpointError, load_generation_config, load_model
+from backend.model.config import ConfigError, ModelConfig
 
 SMALL_VOCAB = {"vocab_size": 512, "num_hidden_layers": 2}
 
@@ -156,7 +156,7 @@ def test_index_entry_naming_missing_file(model_dir: Path) -> None:
 def test_load_logs_attention_summary_and_skips_mtp_on_request(
     model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="backend.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="backend.model.checkpoint"):
         model = load_model(model_dir, load_mtp=False)
     assert "attention=MLA kv_lora_rank=32 rope_dim=8 cache_bytes_per_token=320" in caplog.text
     assert model.num_mtp_layers == 0 and model.num_cache_layers == 2

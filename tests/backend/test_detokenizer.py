@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend.detokenizer import IncrementalDetokenizer
-from backend.tokenizer import Tokenizer
-from backend.tokenizer_assets import write_tokenizer_files
+from backend.text.detokenizer import IncrementalDetokenizer
+from backend.text.tokenizer import Tokenizer
+from backend.text.tokenizer_assets import write_tokenizer_files
 
 MIXED = (
     "Hello, 世界! Ünïcödé naïve café — “quotes” … 😀👍🏽👨‍👩‍👧‍👦🇫🇷 𝔘𝔫𝔦\n"

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.blocks import BlockEvent, BlockEvicted
-from backend.checkpoint import load_generation_config
-from backend.llm_engine import LLMEngine, PromptTooLong
-from backend.model import DeepseekV3ForCausalLM
-from backend.sampler import SampleRow, apply_penalties
-from backend.sampling_params import SamplingParams
+from backend.engine.blocks import BlockEvent, BlockEvicted
+from backend.engine.llm_engine import LLMEngine, PromptTooLong
+from backend.engine.sampler import SampleRow, apply_penalties
+from backend.engine.sampling_params import SamplingParams
+from backend.model.checkpoint import load_generation_config
+from backend.model.model import DeepseekV3ForCausalLM
 from tests.backend.engine_helpers import (
     GREEDY,
     HASH_SEED,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from backend.demo_checkpoint import write_demo_checkpoint
-from backend.fingerprint import checkpoint_fingerprint
+from backend.model.fingerprint import checkpoint_fingerprint
 
 
 def _small_vocab(out_dir: Path, seed: int) -> Path:

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from backend import fp8
-from backend.checkpoint import load_model
-from backend.model import DeepseekV3ForCausalLM
+from backend.model import fp8
+from backend.model.checkpoint import load_model
+from backend.model.model import DeepseekV3ForCausalLM
 
 
 @pytest.mark.parametrize("shape", [(256, 128), (128, 384), (576, 200), (100, 64), (130, 129)])

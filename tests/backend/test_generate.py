@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.checkpoint import load_model
 from backend.demo_checkpoint import write_demo_checkpoint
 from backend.generate import main
-from backend.tokenizer import Tokenizer
+from backend.model.checkpoint import load_model
+from backend.text.tokenizer import Tokenizer
 
 
 def test_generate_streams_greedy_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

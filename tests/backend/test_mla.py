@@ -10,18 +10,18 @@ import torch
 from transformers import DeepseekV3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from backend import mla
-from backend.cache import ForwardBatch
-from backend.config import ModelConfig, RopeConfig
 from backend.demo_checkpoint import demo_config
-from backend.mla import (
+from backend.model import mla
+from backend.model.cache import ForwardBatch
+from backend.model.config import ModelConfig, RopeConfig
+from backend.model.mla import (
     absorbed_is_cheaper,
     attention_absorbed,
     attention_absorbed_chunk,
     attention_expanded,
 )
-from backend.model import DeepseekV3ForCausalLM
-from backend.rope import apply_rotary, correction_range, inv_frequencies
+from backend.model.model import DeepseekV3ForCausalLM
+from backend.model.rope import apply_rotary, correction_range, inv_frequencies
 
 REAL_V31 = {
     **demo_config("tiny"),

@@ -13,10 +13,10 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
     DeepseekV3RMSNorm,
 )
 
-from backend.cache import ForwardBatch
-from backend.checkpoint import load_model
 from backend.demo_checkpoint import write_demo_checkpoint
-from backend.model import DecoderLayer, DeepseekV3ForCausalLM
+from backend.model.cache import ForwardBatch
+from backend.model.checkpoint import load_model
+from backend.model.model import DecoderLayer, DeepseekV3ForCausalLM
 
 
 def _hf(model_dir: Path) -> HFDeepseekV3:

@@ -9,8 +9,8 @@ import torch
 from transformers import DeepseekV3Config
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
-from backend.config import MoEConfig
-from backend.moe import route_noaux_tc
+from backend.model.config import MoEConfig
+from backend.model.moe import route_noaux_tc
 
 
 def _moe(n_group: int = 4, topk_group: int = 2, k: int = 3, norm: bool = True) -> MoEConfig:

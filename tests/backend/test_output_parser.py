@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.detokenizer import IncrementalDetokenizer
-from backend.output_parser import (
+from backend.text.detokenizer import IncrementalDetokenizer
+from backend.text.output_parser import (
     ContentDelta,
     OutputParser,
     ParsedDelta,
@@ -18,9 +18,9 @@ from backend.output_parser import (
     ToolCallArgs,
     ToolCallStart,
 )
-from backend.tokenizer import Tokenizer
-from backend.tokenizer_assets import write_tokenizer_files
-from backend.tool_parser import MAX_NAME_CHARS
+from backend.text.tokenizer import Tokenizer
+from backend.text.tokenizer_assets import write_tokenizer_files
+from backend.text.tool_parser import MAX_NAME_CHARS
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from backend.cache import ForwardBatch, PagedLatentCache
-from backend.model import DeepseekV3ForCausalLM
+from backend.model.cache import ForwardBatch, PagedLatentCache
+from backend.model.model import DeepseekV3ForCausalLM
 
 TOKENS = torch.randint(0, 129280, (70,), generator=torch.Generator().manual_seed(7)).tolist()
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.cache import ForwardBatch
-from backend.engine_config import EngineConfig, max_model_len, num_cache_blocks
-from backend.model import DeepseekV3ForCausalLM
-from backend.runner import ModelRunner
-from backend.sampling_params import SamplingParams
-from backend.scheduler import ScheduledSeq, SchedulerOutput
-from backend.sequence import Sequence
+from backend.engine.engine_config import EngineConfig, max_model_len, num_cache_blocks
+from backend.engine.runner import ModelRunner
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
+from backend.engine.sequence import Sequence
+from backend.model.cache import ForwardBatch
+from backend.model.model import DeepseekV3ForCausalLM
 from tests.backend.engine_helpers import (
     engine_config,
 )

@@ -4,7 +4,7 @@ from typing import Any
 import pytest
 import torch
 
-from backend.sampler import (
+from backend.engine.sampler import (
     Sampler,
     SampleRow,
     _truncate_sorted,
@@ -12,8 +12,8 @@ from backend.sampler import (
     make_generator,
     truncate,
 )
-from backend.sampling_params import SamplingParams
-from backend.spec_decode import greedy_verify, rejection_sample
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.spec_decode import greedy_verify, rejection_sample
 
 CPU = torch.device("cpu")
 

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.blocks import BlockManager
-from backend.sampling_params import SamplingParams
-from backend.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from backend.sequence import Sequence, SequenceStatus
+from backend.engine.blocks import BlockManager
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from backend.engine.sequence import Sequence, SequenceStatus
 
 EOS = 1
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend.tokenizer import Tokenizer
-from backend.tokenizer_assets import write_tokenizer_files
+from backend.text.tokenizer import Tokenizer
+from backend.text.tokenizer_assets import write_tokenizer_files
 
 MARKERS = [
     "<｜User｜>",

@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from safetensors.torch import load_file, save_file
 
 from backend.demo_checkpoint import write_demo_checkpoint
-from backend.tokenizer import Tokenizer
+from backend.text.tokenizer import Tokenizer
 from gateway.appkeys import ROUTER
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore

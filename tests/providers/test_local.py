@@ -11,8 +11,8 @@ import pytest_asyncio
 import torch
 
 from backend.demo_checkpoint import write_demo_checkpoint
-from backend.engine_config import EngineConfig
-from backend.tokenizer import Tokenizer
+from backend.engine.engine_config import EngineConfig
+from backend.text.tokenizer import Tokenizer
 from providers.errors import InvalidRequest
 from providers.local import LocalProvider
 from providers.local_setup import open_local_provider, resolve_checkpoint

@@ -23,7 +23,7 @@ from typing import Any
 
 import tokenizers
 
-from backend.chat_template import ChatTemplate, Message
+from backend.text.chat_template import ChatTemplate, Message
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

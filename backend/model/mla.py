@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from backend.cache import ForwardBatch, PagedLatentCache
-from backend.config import ModelConfig
-from backend.layers import Linear, RMSNorm
-from backend.rope import apply_rotary
+from backend.model.cache import ForwardBatch, PagedLatentCache
+from backend.model.config import ModelConfig
+from backend.model.layers import Linear, RMSNorm
+from backend.model.rope import apply_rotary
 
 
 def chunk_mask(num_q: int, length: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:

@@ -18,13 +18,13 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from backend.blocks import BlockEvent
-from backend.checkpoint import load_generation_config, load_model
-from backend.engine_config import EngineConfig
-from backend.fingerprint import checkpoint_fingerprint
-from backend.llm_engine import EngineStats, LLMEngine, PromptTooLong, RequestOutput
-from backend.sampling_params import SamplingParams
-from backend.sequence import FinishReason
+from backend.engine.blocks import BlockEvent
+from backend.engine.engine_config import EngineConfig
+from backend.engine.llm_engine import EngineStats, LLMEngine, PromptTooLong, RequestOutput
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.sequence import FinishReason
+from backend.model.checkpoint import load_generation_config, load_model
+from backend.model.fingerprint import checkpoint_fingerprint
 
 __all__ = [
     "AsyncEngine",
@@ -149,7 +149,7 @@ class AsyncEngine:
 
     @property
     def hash_seed(self) -> bytes:
-        """Seed of the prefix-cache block hashes (``backend.block_hash.chain_hashes``)."""
+        """Seed of the prefix-cache block hashes (``backend.engine.block_hash.chain_hashes``)."""
         return self._engine.hash_seed
 
     @property

@@ -1,4 +1,4 @@
-"""A checkpoint's fingerprint: the seed of its KV block hashes (``backend.block_hash``).
+"""A checkpoint's fingerprint: the seed of its KV block hashes (``backend.engine.block_hash``).
 
 Two directories share a fingerprint only when their config.json, their index and every
 safetensors shard's header agree and the first bytes of each shard's data match; a header

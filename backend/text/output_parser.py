@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.think_splitter import Split, ThinkSplitter
-from backend.tool_parser import ContentDelta, ToolCallArgs, ToolCallParser, ToolCallStart
+from backend.text.think_splitter import Split, ThinkSplitter
+from backend.text.tool_parser import ContentDelta, ToolCallArgs, ToolCallParser, ToolCallStart
 
 __all__ = [
     "ContentDelta",

@@ -1,8 +1,9 @@
 """KV block pool: allocation, ref counts, prefix caching with LRU eviction. No torch.
 
 A block holds `block_size` consecutive token positions of one sequence. A full block whose tokens
-are all computed is registered under its chained hash (`backend.block_hash`); a later sequence
-whose prompt starts with the same blocks shares them (ref count > 1) instead of computing them.
+are all computed is registered under its chained hash (`backend.engine.block_hash`); a later
+sequence whose prompt starts with the same blocks shares them (ref count > 1) instead of computing
+them.
 A freed block keeps its content while it sits in the free pool: blocks that hold cached content
 are evicted least recently freed first, and only once no empty block is left.
 """
@@ -13,8 +14,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from backend.block_hash import extend_chain, root_hash
-from backend.sequence import Sequence
+from backend.engine.block_hash import extend_chain, root_hash
+from backend.engine.sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,9 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from backend import fp8
-from backend.config import ConfigError, ModelConfig
-from backend.model import DeepseekV3ForCausalLM
+from backend.model import fp8
+from backend.model.config import ConfigError, ModelConfig
+from backend.model.model import DeepseekV3ForCausalLM
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """The synchronous engine: requests in, one scheduled and executed step per `step()` call.
 
-Not thread-safe: one thread owns it (``backend.engine.AsyncEngine`` runs it in its own thread).
+Not thread-safe: one thread owns it (``backend.engine.async_engine.AsyncEngine`` runs it in its own
+thread).
 """
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from backend.blocks import BlockEvent, BlockManager
-from backend.checkpoint import GenerationDefaults
-from backend.engine_config import EngineConfig, max_model_len
-from backend.model import DeepseekV3ForCausalLM
-from backend.runner import ModelRunner
-from backend.sampler import TokenLogprobs
-from backend.sampling_params import SamplingParams
-from backend.scheduler import Scheduler, SchedulerOutput
-from backend.sequence import FinishReason
-from backend.sequence import Sequence as EngineSequence
+from backend.engine.blocks import BlockEvent, BlockManager
+from backend.engine.engine_config import EngineConfig, max_model_len
+from backend.engine.runner import ModelRunner
+from backend.engine.sampler import TokenLogprobs
+from backend.engine.sampling_params import SamplingParams
+from backend.engine.scheduler import Scheduler, SchedulerOutput
+from backend.engine.sequence import FinishReason
+from backend.engine.sequence import Sequence as EngineSequence
+from backend.model.checkpoint import GenerationDefaults
+from backend.model.model import DeepseekV3ForCausalLM
 
 
 class PromptTooLong(ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum, auto
 from typing import Literal
 
-from backend.sampling_params import SamplingParams
+from backend.engine.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort"]
 

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from backend.config import ModelConfig, MoEConfig
-from backend.layers import SwiGLU
+from backend.model.config import ModelConfig, MoEConfig
+from backend.model.layers import SwiGLU
 
 
 def route_noaux_tc(logits: Tensor, bias: Tensor, moe: MoEConfig) -> tuple[Tensor, Tensor]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Sequence
 
-from backend.tokenizer import Tokenizer
+from backend.text.tokenizer import Tokenizer
 
 # A UTF-8 character has at most 4 bytes, so its unfinished start lies in the last 3 tokens.
 _PROMPT_CONTEXT_TOKENS = 3

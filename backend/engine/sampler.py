@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.sampling_params import SamplingParams
+from backend.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from backend.cache import ForwardBatch, PagedLatentCache
-from backend.config import ModelConfig
-from backend.layers import Linear, RMSNorm, SwiGLU
-from backend.mla import MLA
-from backend.moe import MoE
-from backend.rope import rotary_cos_sin
+from backend.model.cache import ForwardBatch, PagedLatentCache
+from backend.model.config import ModelConfig
+from backend.model.layers import Linear, RMSNorm, SwiGLU
+from backend.model.mla import MLA
+from backend.model.moe import MoE
+from backend.model.rope import rotary_cos_sin
 
 
 class DecoderLayer(nn.Module):

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from backend.config import RopeConfig, yarn_mscale
+from backend.model.config import RopeConfig, yarn_mscale
 
 
 def correction_range(rope: RopeConfig, dim: int) -> tuple[int, int]:

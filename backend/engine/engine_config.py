@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.config import ModelConfig
+from backend.model.config import ModelConfig
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from backend.blocks import BlockManager
-from backend.sequence import FinishReason, Sequence, SequenceStatus
+from backend.engine.blocks import BlockManager
+from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.cache import ForwardBatch, PagedLatentCache
-from backend.engine_config import EngineConfig, cache_bytes_per_block, num_cache_blocks
-from backend.model import DeepseekV3ForCausalLM
-from backend.sampler import Sampler, SampleRow, TokenLogprobs, make_generator
-from backend.scheduler import ScheduledSeq, SchedulerOutput
-from backend.sequence import Sequence as EngineSequence
+from backend.engine.engine_config import EngineConfig, cache_bytes_per_block, num_cache_blocks
+from backend.engine.sampler import Sampler, SampleRow, TokenLogprobs, make_generator
+from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
+from backend.engine.sequence import Sequence as EngineSequence
+from backend.model.cache import ForwardBatch, PagedLatentCache
+from backend.model.model import DeepseekV3ForCausalLM
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The DeepSeek-V3.1 model: config, checkpoint loading, layers, MLA, MoE, the paged latent cache."""

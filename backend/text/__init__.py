@@ -1,0 +1,1 @@
+"""Text in and out of the engine: tokenizer, chat template, detokenizer, output parsers."""
