@@ -15,10 +15,10 @@ from backend.text.output_parser import (
     ContentDelta,
     OutputParser,
     ParsedDelta,
+    ParsedReasoning,
     ToolCallArgs,
     ToolCallStart,
 )
-from backend.text.output_parser import ReasoningDelta as ParsedReasoning
 from backend.text.tokenizer import Tokenizer
 from providers.types import Event, ReasoningDelta, TextDelta, ToolCallDelta
 

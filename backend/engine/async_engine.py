@@ -21,8 +21,8 @@ from pathlib import Path
 from backend.engine.blocks import BlockEvent
 from backend.engine.engine_config import EngineConfig
 from backend.engine.llm_engine import EngineStats, LLMEngine, PromptTooLong, RequestOutput
+from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
-from backend.engine.sequence import FinishReason
 from backend.model.checkpoint import load_generation_config, load_model
 from backend.model.fingerprint import checkpoint_fingerprint
 

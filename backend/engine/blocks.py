@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backend.engine.block_hash import extend_chain, root_hash
-from backend.engine.sequence import Sequence
+from backend.engine.request import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,22 +92,22 @@ class BlockManager:
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def block_hashes(self, seq: Sequence) -> list[bytes]:
+    def block_hashes(self, seq: Request) -> list[bytes]:
         """The hash chain of seq's full blocks (cached on the sequence)."""
         extend_chain(seq.block_hashes, self._root, seq.token_ids, self.block_size)
         return seq.block_hashes
 
-    def num_cacheable_tokens(self, seq: Sequence) -> int:
+    def num_cacheable_tokens(self, seq: Request) -> int:
         """Tokens of seq that `allocate` would take from the prefix cache right now."""
         return len(self._match_prefix(seq)) * self.block_size
 
-    def can_allocate(self, seq: Sequence) -> bool:
+    def can_allocate(self, seq: Request) -> bool:
         matched = self._match_prefix(seq)
         revived = sum(1 for b in matched if self._ref_counts[b] == 0)
         num_new = self.num_blocks_for(seq.num_tokens) - len(matched)
         return num_new + revived <= self.num_free_blocks
 
-    def allocate(self, seq: Sequence) -> int:
+    def allocate(self, seq: Request) -> int:
         """Give seq blocks for all its tokens, sharing cached full blocks of its prefix.
 
         The last token is never taken from the cache, so at least one token is computed. Sets
@@ -129,18 +129,18 @@ class BlockManager:
         self._num_committed[seq.request_id] = len(matched)
         return seq.num_cached_tokens
 
-    def can_append(self, seq: Sequence, num_lookahead: int = 0) -> bool:
+    def can_append(self, seq: Request, num_lookahead: int = 0) -> bool:
         """Whether seq's blocks can grow to hold its tokens plus `num_lookahead` more."""
         return self._num_missing(seq, num_lookahead) <= self.num_free_blocks
 
-    def append_slot(self, seq: Sequence, num_lookahead: int = 0) -> None:
+    def append_slot(self, seq: Request, num_lookahead: int = 0) -> None:
         """Grow seq's block table to hold its tokens plus `num_lookahead` draft positions."""
         num_missing = self._num_missing(seq, num_lookahead)
         if num_missing > self.num_free_blocks:
             raise RuntimeError(f"not enough free blocks for {seq.request_id}")
         seq.block_table.extend(self._take_free() for _ in range(num_missing))
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
+    def cache_full_blocks(self, seq: Request) -> None:
         """Register seq's full blocks whose tokens are all computed; call after each step.
 
         A block whose content is already registered under another block id (two sequences
@@ -159,7 +159,7 @@ class BlockManager:
                 self._emit(BlockStored(h))
         self._num_committed[seq.request_id] = end
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Request) -> None:
         """Release seq's blocks, last block first so a prefix outlives its tails in the cache;
         nothing of seq counts as computed any more. Raises on a sequence holding no blocks or
         on a block that is already free."""
@@ -179,7 +179,7 @@ class BlockManager:
         seq.num_computed_tokens = 0
         self._num_committed.pop(seq.request_id, None)
 
-    def _match_prefix(self, seq: Sequence) -> list[int]:
+    def _match_prefix(self, seq: Request) -> list[int]:
         """Cached block ids for the longest run of seq's leading full blocks, never covering
         its last token."""
         limit = (seq.num_tokens - 1) // self.block_size
@@ -191,7 +191,7 @@ class BlockManager:
             matched.append(block_id)
         return matched
 
-    def _num_missing(self, seq: Sequence, num_lookahead: int) -> int:
+    def _num_missing(self, seq: Request, num_lookahead: int) -> int:
         needed = self.num_blocks_for(seq.num_tokens + num_lookahead)
         return max(0, needed - len(seq.block_table))
 

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 
 from backend.engine.blocks import BlockEvent, BlockManager
 from backend.engine.engine_config import EngineConfig, max_model_len
+from backend.engine.request import FinishReason, Request
 from backend.engine.runner import ModelRunner
 from backend.engine.sampler import TokenLogprobs
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import Scheduler, SchedulerOutput
-from backend.engine.sequence import FinishReason
-from backend.engine.sequence import Sequence as EngineSequence
 from backend.model.checkpoint import GenerationDefaults
 from backend.model.model import DeepseekV3ForCausalLM
 
@@ -67,8 +66,8 @@ class EngineStats:
 
 
 @dataclass(slots=True)
-class _Request:
-    seq: EngineSequence
+class _Tracked:
+    seq: Request
     num_cached_tokens: int | None = None  # set when first scheduled
 
 
@@ -111,7 +110,7 @@ class LLMEngine:
             eos_token_ids=eos_ids,
         )
         self._sampling_defaults = {"temperature": defaults.temperature, "top_p": defaults.top_p}
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, _Tracked] = {}
         self._prefix_hit_tokens = 0
         self._prefix_query_tokens = 0
         self._num_steps = 0
@@ -149,11 +148,9 @@ class LLMEngine:
         self.check_prompt(prompt_ids)
         if request_id in self._requests:
             raise ValueError(f"duplicate request id {request_id!r}")
-        seq = EngineSequence(
-            request_id, list(prompt_ids), params.with_defaults(self._sampling_defaults)
-        )
+        seq = Request(request_id, list(prompt_ids), params.with_defaults(self._sampling_defaults))
         self.scheduler.add(seq)
-        self._requests[request_id] = _Request(seq)
+        self._requests[request_id] = _Tracked(seq)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Finish a live request with "abort", freeing its blocks; None if it is not live."""
@@ -245,13 +242,13 @@ class LLMEngine:
             outputs.append(self._output(request, new_tokens, token_logprobs))
         return outputs
 
-    def _release(self, request_id: str) -> _Request:
+    def _release(self, request_id: str) -> _Tracked:
         self.runner.release(request_id)
         return self._requests.pop(request_id)
 
     @staticmethod
     def _output(
-        request: _Request, new_tokens: list[int], logprobs: list[TokenLogprobs] | None
+        request: _Tracked, new_tokens: list[int], logprobs: list[TokenLogprobs] | None
     ) -> RequestOutput:
         seq = request.seq
         return RequestOutput(

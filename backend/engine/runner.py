@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from backend.engine.engine_config import EngineConfig, cache_bytes_per_block, num_cache_blocks
+from backend.engine.request import Request
 from backend.engine.sampler import Sampler, SampleRow, TokenLogprobs, make_generator
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
-from backend.engine.sequence import Sequence as EngineSequence
 from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.model import DeepseekV3ForCausalLM
 
@@ -146,7 +146,7 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
         )
 
-    def _sample_row(self, seq: EngineSequence) -> SampleRow:
+    def _sample_row(self, seq: Request) -> SampleRow:
         params = seq.params
         generator = self._generators.get(seq.request_id)
         if generator is None and params.seed is not None:

@@ -13,12 +13,11 @@ cache while they last).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
-from collections.abc import Sequence as Seq
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from backend.engine.blocks import BlockManager
-from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
+from backend.engine.request import FinishReason, Request, RequestStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,14 +26,14 @@ class ScheduledSeq:
     more slots reserved after them for draft tokens. `samples`: this step ends at seq's last
     token, so the runner samples a next token for it."""
 
-    seq: Sequence
+    seq: Request
     start: int
     num_new_tokens: int
     num_lookahead: int
     samples: bool
 
     @classmethod
-    def of(cls, seq: Sequence, num_new_tokens: int, num_lookahead: int) -> ScheduledSeq:
+    def of(cls, seq: Request, num_new_tokens: int, num_lookahead: int) -> ScheduledSeq:
         start = seq.num_computed_tokens
         samples = start + num_new_tokens == seq.num_tokens
         return cls(seq, start, num_new_tokens, num_lookahead, samples)
@@ -45,7 +44,7 @@ class SchedulerOutput:
     """One step's work, decodes first. `preempted` lost their blocks in this step."""
 
     scheduled: list[ScheduledSeq]
-    preempted: list[Sequence]
+    preempted: list[Request]
 
     @property
     def num_batched_tokens(self) -> int:
@@ -92,19 +91,19 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.num_lookahead = num_lookahead
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self._live: dict[str, Sequence] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._live: dict[str, Request] = {}
         self._next_arrival = 0
 
     @property
     def has_unfinished(self) -> bool:
         return bool(self._live)
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Request) -> None:
         if seq.request_id in self._live:
             raise ValueError(f"duplicate request id {seq.request_id}")
-        if seq.status is not SequenceStatus.WAITING or seq.block_table:
+        if seq.status is not RequestStatus.WAITING or seq.block_table:
             raise ValueError(f"{seq.request_id} is not a fresh sequence")
         if seq.num_tokens >= self.max_model_len:
             raise ValueError(
@@ -115,16 +114,16 @@ class Scheduler:
         self._live[seq.request_id] = seq
         self.waiting.append(seq)
 
-    def abort(self, request_id: str) -> Sequence | None:
+    def abort(self, request_id: str) -> Request | None:
         """Finish a request at any point, freeing its blocks; None if it is not live."""
         return self.finish(request_id, "abort")
 
-    def finish(self, request_id: str, reason: FinishReason) -> Sequence | None:
+    def finish(self, request_id: str, reason: FinishReason) -> Request | None:
         """Finish a live request (e.g. the caller matched a stop string); None if not live."""
         seq = self._live.get(request_id)
         if seq is None:
             return None
-        if seq.status is SequenceStatus.RUNNING:
+        if seq.status is RequestStatus.RUNNING:
             self.running.remove(seq)
         else:
             self.waiting.remove(seq)
@@ -134,11 +133,11 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.max_batch_tokens
         scheduled: list[ScheduledSeq] = []
-        preempted: list[Sequence] = []
+        preempted: list[Request] = []
         picked: set[str] = set()
 
         for seq in sorted(self.running, key=lambda s: s.arrival):
-            if seq.num_uncomputed_tokens != 1 or seq.status is not SequenceStatus.RUNNING:
+            if seq.num_uncomputed_tokens != 1 or seq.status is not RequestStatus.RUNNING:
                 continue
             while not self.block_manager.can_append(seq, self.num_lookahead):
                 victim = max(
@@ -149,7 +148,7 @@ class Scheduler:
                 preempted.append(victim)
                 if victim is seq:
                     break
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not RequestStatus.RUNNING:
                 continue
             self.block_manager.append_slot(seq, self.num_lookahead)
             scheduled.append(ScheduledSeq.of(seq, 1, self.num_lookahead))
@@ -180,7 +179,7 @@ class Scheduler:
                     break
             self.waiting.popleft()
             self.block_manager.allocate(seq)
-            seq.status = SequenceStatus.RUNNING
+            seq.status = RequestStatus.RUNNING
             self.running.append(seq)
             num_new = self._chunk(seq, budget)
             scheduled.append(ScheduledSeq.of(seq, num_new, 0))
@@ -189,7 +188,9 @@ class Scheduler:
 
         return SchedulerOutput(scheduled, preempted)
 
-    def postprocess(self, output: SchedulerOutput, sampled_tokens: Seq[Seq[int]]) -> list[Sequence]:
+    def postprocess(
+        self, output: SchedulerOutput, sampled_tokens: Sequence[Sequence[int]]
+    ) -> list[Request]:
         """Apply one step's results; returns the sequences that finished in it.
 
         `sampled_tokens[i]` belongs to `output.scheduled[i]`: empty for a prefill chunk that
@@ -199,10 +200,10 @@ class Scheduler:
         """
         if len(sampled_tokens) != len(output.scheduled):
             raise ValueError("one list of sampled tokens per scheduled sequence")
-        finished: list[Sequence] = []
+        finished: list[Request] = []
         for item, tokens in zip(output.scheduled, sampled_tokens, strict=True):
             seq = item.seq
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not RequestStatus.RUNNING:
                 continue
             if seq.num_computed_tokens != item.start:
                 raise ValueError(f"{seq.request_id} changed since it was scheduled")
@@ -224,7 +225,7 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
-    def _chunk(self, seq: Sequence, budget: int) -> int:
+    def _chunk(self, seq: Request, budget: int) -> int:
         """Tokens of seq to compute this step: all it lacks, or with chunked prefill as many as
         the budget allows; 0 when it does not fit."""
         num = seq.num_uncomputed_tokens
@@ -232,7 +233,7 @@ class Scheduler:
             return num
         return budget if self.chunked_prefill else 0
 
-    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+    def _stop_reason(self, seq: Request, token: int) -> FinishReason | None:
         params = seq.params
         if token in params.stop_token_ids or (
             not params.ignore_eos and token in self.eos_token_ids
@@ -244,15 +245,15 @@ class Scheduler:
             return "length"
         return None
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: Request) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
-        seq.status = SequenceStatus.WAITING
+        seq.status = RequestStatus.WAITING
         self.waiting.appendleft(seq)
 
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+    def _finish(self, seq: Request, reason: FinishReason) -> None:
         if seq.block_table:
             self.block_manager.free(seq)
-        seq.status = SequenceStatus.FINISHED
+        seq.status = RequestStatus.FINISHED
         seq.finish_reason = reason
         del self._live[seq.request_id]

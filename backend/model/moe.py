@@ -33,7 +33,7 @@ def route_noaux_tc(logits: Tensor, bias: Tensor, moe: MoEConfig) -> tuple[Tensor
     return weights * moe.routed_scaling_factor, ids
 
 
-class Router(nn.Module):
+class Gate(nn.Module):
     """``mlp.gate``: fp32 weight [E, D] and the noaux_tc score correction bias [E]."""
 
     e_score_correction_bias: Tensor
@@ -57,7 +57,7 @@ class MoE(nn.Module):
         super().__init__()
         moe = config.moe
         self.top_k = moe.num_experts_per_tok
-        self.gate = Router(config)
+        self.gate = Gate(config)
         self.experts = nn.ModuleList(
             SwiGLU(config.hidden_size, moe.moe_intermediate_size, dtype)
             for _ in range(moe.n_routed_experts)

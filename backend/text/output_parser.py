@@ -17,18 +17,18 @@ __all__ = [
     "ContentDelta",
     "OutputParser",
     "ParsedDelta",
-    "ReasoningDelta",
+    "ParsedReasoning",
     "ToolCallArgs",
     "ToolCallStart",
 ]
 
 
 @dataclass(frozen=True, slots=True)
-class ReasoningDelta:
+class ParsedReasoning:
     text: str
 
 
-ParsedDelta = ContentDelta | ReasoningDelta | ToolCallStart | ToolCallArgs
+ParsedDelta = ContentDelta | ParsedReasoning | ToolCallStart | ToolCallArgs
 
 
 def _merge(deltas: list[ParsedDelta]) -> list[ParsedDelta]:
@@ -38,8 +38,8 @@ def _merge(deltas: list[ParsedDelta]) -> list[ParsedDelta]:
         last = out[-1] if out else None
         if isinstance(delta, ContentDelta) and isinstance(last, ContentDelta):
             out[-1] = ContentDelta(last.text + delta.text)
-        elif isinstance(delta, ReasoningDelta) and isinstance(last, ReasoningDelta):
-            out[-1] = ReasoningDelta(last.text + delta.text)
+        elif isinstance(delta, ParsedReasoning) and isinstance(last, ParsedReasoning):
+            out[-1] = ParsedReasoning(last.text + delta.text)
         elif (
             isinstance(delta, ToolCallArgs)
             and isinstance(last, ToolCallArgs)
@@ -73,7 +73,7 @@ class OutputParser:
     def _route(self, split: Split, *, final: bool) -> list[ParsedDelta]:
         out: list[ParsedDelta] = []
         if split.reasoning:
-            out.append(ReasoningDelta(split.reasoning))
+            out.append(ParsedReasoning(split.reasoning))
         if self._tools is None:
             if split.content:
                 out.append(ContentDelta(split.content))

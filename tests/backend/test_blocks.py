@@ -8,17 +8,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from backend.engine.block_hash import chain_hashes, root_hash
 from backend.engine.blocks import BlockEvent, BlockEvicted, BlockManager, BlockStored
+from backend.engine.request import Request
 from backend.engine.sampling_params import SamplingParams
-from backend.engine.sequence import Sequence
 
 SEED = b"ckpt-fingerprint"
 
 
-def make_seq(request_id: str, tokens: list[int]) -> Sequence:
-    return Sequence(request_id, tokens, SamplingParams())
+def make_seq(request_id: str, tokens: list[int]) -> Request:
+    return Request(request_id, tokens, SamplingParams())
 
 
-def compute_all(bm: BlockManager, seq: Sequence) -> None:
+def compute_all(bm: BlockManager, seq: Request) -> None:
     """What a step does to seq: all but its last token now have KV."""
     seq.num_computed_tokens = seq.num_tokens - 1
     bm.cache_full_blocks(seq)
@@ -249,7 +249,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.events: list[BlockEvent] = []
         self.bm = BlockManager(num_blocks, block_size, SEED, on_event=self.events.append)
         self.lookahead = lookahead
-        self.live: list[Sequence] = []
+        self.live: list[Request] = []
         self.known: list[list[int]] = []
         self.content: dict[int, dict[int, tuple[int, ...]]] = {}
         self.next_id = 0

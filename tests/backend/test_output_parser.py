@@ -14,7 +14,7 @@ from backend.text.output_parser import (
     ContentDelta,
     OutputParser,
     ParsedDelta,
-    ReasoningDelta,
+    ParsedReasoning,
     ToolCallArgs,
     ToolCallStart,
 )
@@ -47,7 +47,7 @@ def collect(deltas: list[ParsedDelta]) -> Result:
         match delta:
             case ContentDelta(text):
                 result.content += text
-            case ReasoningDelta(text):
+            case ParsedReasoning(text):
                 result.reasoning += text
             case ToolCallStart(index, call_id, name):
                 assert index == len(result.calls)

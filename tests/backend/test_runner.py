@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from backend.engine.engine_config import EngineConfig, max_model_len, num_cache_blocks
+from backend.engine.request import Request
 from backend.engine.runner import ModelRunner
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
-from backend.engine.sequence import Sequence
 from backend.model.cache import ForwardBatch
 from backend.model.model import DeepseekV3ForCausalLM
 from tests.backend.engine_helpers import (
@@ -17,13 +17,13 @@ from tests.backend.engine_helpers import (
 )
 
 
-def _seq(request_id: str, tokens: list[int], table: list[int], params: SamplingParams) -> Sequence:
-    seq = Sequence(request_id, tokens, params)
+def _seq(request_id: str, tokens: list[int], table: list[int], params: SamplingParams) -> Request:
+    seq = Request(request_id, tokens, params)
     seq.block_table = table
     return seq
 
 
-def _scheduled(seq: Sequence, start: int, num_new_tokens: int) -> ScheduledSeq:
+def _scheduled(seq: Request, start: int, num_new_tokens: int) -> ScheduledSeq:
     seq.num_computed_tokens = start
     return ScheduledSeq.of(seq, num_new_tokens, 0)
 

@@ -5,9 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.engine.blocks import BlockManager
+from backend.engine.request import Request, RequestStatus
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from backend.engine.sequence import Sequence, SequenceStatus
 
 EOS = 1
 
@@ -38,10 +38,10 @@ def make_scheduler(
     )
 
 
-def make_seq(request_id: str, num_prompt: int, **params: Any) -> Sequence:
+def make_seq(request_id: str, num_prompt: int, **params: Any) -> Request:
     base = sum(map(ord, request_id))
     prompt = [(base + i) % 50 + 100 for i in range(num_prompt)]
-    return Sequence(request_id, prompt, SamplingParams(temperature=0, **params))
+    return Request(request_id, prompt, SamplingParams(temperature=0, **params))
 
 
 def check_step(scheduler: Scheduler, out: SchedulerOutput) -> None:
@@ -52,7 +52,7 @@ def check_step(scheduler: Scheduler, out: SchedulerOutput) -> None:
     block_size = scheduler.block_manager.block_size
     for item in out.scheduled:
         seq = item.seq
-        assert seq.status is SequenceStatus.RUNNING
+        assert seq.status is RequestStatus.RUNNING
         assert item.start == seq.num_computed_tokens
         assert item.num_new_tokens >= 1
         assert item.start + item.num_new_tokens <= seq.num_tokens
@@ -60,7 +60,7 @@ def check_step(scheduler: Scheduler, out: SchedulerOutput) -> None:
         assert len(seq.block_table) * block_size >= end
 
 
-def run_step(scheduler: Scheduler) -> tuple[SchedulerOutput, list[Sequence]]:
+def run_step(scheduler: Scheduler) -> tuple[SchedulerOutput, list[Request]]:
     out = scheduler.schedule()
     check_step(scheduler, out)
     assert not out.is_empty, "live requests but nothing scheduled"
@@ -88,7 +88,7 @@ def run_to_end(scheduler: Scheduler, max_steps: int = 1000) -> list[SchedulerOut
     raise AssertionError("scheduler did not finish")
 
 
-def expected_output(seq: Sequence, max_tokens: int) -> list[int]:
+def expected_output(seq: Request, max_tokens: int) -> list[int]:
     tokens = list(seq.prompt_token_ids)
     for _ in range(max_tokens):
         tokens.append(next_token(tokens))
@@ -195,11 +195,11 @@ def test_preempted_sequence_goes_to_the_front_and_restarts_from_its_cache() -> N
         if out.preempted:
             break
     assert out.preempted == [new]
-    assert new.status is SequenceStatus.WAITING and new.block_table == []
+    assert new.status is RequestStatus.WAITING and new.block_table == []
     assert new.num_computed_tokens == 0
     assert list(scheduler.waiting) == [new, later]
     num_tokens_at_preemption = new.num_tokens
-    while new.status is SequenceStatus.WAITING:
+    while new.status is RequestStatus.WAITING:
         out, _ = run_step(scheduler)
     # recompute covers prompt + output so far, skipping what the prefix cache still holds
     (item,) = [s for s in out.scheduled if s.seq is new]
@@ -233,9 +233,9 @@ def test_abort_frees_blocks_anywhere() -> None:
 def test_stop_token_eos_and_ignore_eos() -> None:
     scheduler = make_scheduler()
     prompt_a = make_seq("a", 3, max_tokens=10)
-    stop = Sequence("stop", prompt_a.prompt_token_ids, SamplingParams(stop_token_ids=(42,)))
-    eos = Sequence("eos", prompt_a.prompt_token_ids, SamplingParams())
-    keep = Sequence("keep", prompt_a.prompt_token_ids, SamplingParams(ignore_eos=True))
+    stop = Request("stop", prompt_a.prompt_token_ids, SamplingParams(stop_token_ids=(42,)))
+    eos = Request("eos", prompt_a.prompt_token_ids, SamplingParams())
+    keep = Request("keep", prompt_a.prompt_token_ids, SamplingParams(ignore_eos=True))
     for seq in (stop, eos, keep):
         scheduler.add(seq)
     out = scheduler.schedule()
@@ -243,7 +243,7 @@ def test_stop_token_eos_and_ignore_eos() -> None:
     assert finished == [stop, eos]
     assert stop.finish_reason == "stop" and stop.output_token_ids == [42]
     assert eos.finish_reason == "stop"
-    assert keep.status is SequenceStatus.RUNNING
+    assert keep.status is RequestStatus.RUNNING
     assert scheduler.block_manager.num_used_blocks == 1
 
 
@@ -314,7 +314,7 @@ def test_prefix_cache_hit_skips_computed_blocks() -> None:
     first = make_seq("same", 10, max_tokens=1)
     scheduler.add(first)
     run_to_end(scheduler)
-    second = Sequence("again", first.prompt_token_ids, SamplingParams(temperature=0, max_tokens=1))
+    second = Request("again", first.prompt_token_ids, SamplingParams(temperature=0, max_tokens=1))
     scheduler.add(second)
     out, _ = run_step(scheduler)
     (item,) = out.scheduled

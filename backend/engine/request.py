@@ -10,13 +10,13 @@ from backend.engine.sampling_params import SamplingParams
 FinishReason = Literal["stop", "length", "abort"]
 
 
-class SequenceStatus(Enum):
+class RequestStatus(Enum):
     WAITING = auto()
     RUNNING = auto()
     FINISHED = auto()
 
 
-class Sequence:
+class Request:
     """Prompt and output tokens plus how far the KV cache has computed them.
 
     `token_ids` is the prompt followed by the output. Tokens [0, num_computed_tokens) have their
@@ -36,7 +36,7 @@ class Sequence:
         self.params = params
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
-        self.status = SequenceStatus.WAITING
+        self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.arrival = 0
         self.num_computed_tokens = 0
@@ -46,7 +46,7 @@ class Sequence:
 
     def __repr__(self) -> str:
         return (
-            f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+            f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
             f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
         )
 
@@ -72,4 +72,4 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
+        return self.status is RequestStatus.FINISHED
