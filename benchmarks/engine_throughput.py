@@ -36,7 +36,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.model.checkpoint import load_generation_config, load_model
 from backend.model.model import DeepseekV3ForCausalLM
-from providers.local_setup import default_device, resolve_checkpoint
+from providers.local_setup import resolve_checkpoint
 
 NUM_REQUESTS = 64
 PROMPT_RANGE = (128, 512)
@@ -303,7 +303,7 @@ def verdict(name: str, value: float, target: float) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default=default_device())
+    parser.add_argument("--device", default=EngineConfig().resolved_device())
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     parser.add_argument("--demo-dir", type=Path, default=Path(".data/demo-checkpoint"))
     parser.add_argument("--hf-single", type=int, default=4, help="HF requests run one at a time")

@@ -6,26 +6,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from backend.engine.engine_config import EngineConfig
 from gateway.engine_metrics import register_engine_metrics
 from gateway.metrics import Metrics
 from gateway.settings import EngineSettings
 from providers.local import LocalProvider
-from providers.local_setup import default_device, open_local_provider
-
-
-def engine_config(engine: EngineSettings) -> EngineConfig:
-    return EngineConfig(
-        max_num_seqs=engine.max_num_seqs,
-        max_batch_tokens=engine.max_batch_tokens,
-        block_size=engine.block_size,
-        cache_memory_bytes=engine.cache_memory_mb * 1024 * 1024,
-        chunked_prefill=engine.chunked_prefill,
-        max_waiting=engine.max_waiting,
-        dtype=engine.dtype,
-        device=default_device() if engine.device == "auto" else engine.device,
-        num_threads=engine.num_threads,
-    )
+from providers.local_setup import open_local_provider
 
 
 @asynccontextmanager
@@ -37,7 +22,7 @@ async def open_local_engine(
         local = await stack.enter_async_context(
             open_local_provider(
                 name,
-                engine_config(engine),
+                engine.config,
                 model_path=engine.model_path,
                 demo_dir=engine.demo_dir,
                 demo_preset=engine.demo_preset,

@@ -7,6 +7,7 @@ Secrets never live in the TOML file: providers name the environment variable hol
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from backend.engine.engine_config import EngineConfig
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -117,21 +120,31 @@ class ModelSettings(BaseModel):
 
 
 class EngineSettings(BaseModel):
-    """Knobs of the embedded engine (used by providers of kind "local")."""
+    """The embedded engine (providers of kind "local"): where its checkpoint comes from, and its
+    knobs, written flat under `[engine]` and validated into `EngineConfig`, whose defaults and
+    checks are the only ones (`cache_memory_mb` is accepted for `cache_memory_bytes`)."""
 
     model_config = _FROZEN
     model_path: Path | None = None
     demo_dir: Path = Path(".data/demo-checkpoint")
     demo_preset: Literal["tiny", "small"] = "small"
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: the GPU when one is visible
-    max_num_seqs: int = Field(default=32, gt=0)
-    max_batch_tokens: int = Field(default=2048, gt=0)
-    block_size: int = Field(default=64, gt=0)
-    cache_memory_mb: int = Field(default=512, gt=0)
-    chunked_prefill: bool = True
-    max_waiting: int = Field(default=256, gt=0)
-    num_threads: int | None = None
+    config: EngineConfig = Field(default_factory=EngineConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _knobs_into_config(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "config" in data:
+            return data
+        own = {
+            name: data[name] for name in ("model_path", "demo_dir", "demo_preset") if name in data
+        }
+        knobs = {name: value for name, value in data.items() if name not in own}
+        if "cache_memory_mb" in knobs:
+            knobs["cache_memory_bytes"] = int(knobs.pop("cache_memory_mb")) << 20
+        unknown = set(knobs) - {field.name for field in dataclasses.fields(EngineConfig)}
+        if unknown:
+            raise ValueError(f"unknown engine settings: {', '.join(sorted(unknown))}")
+        return {**own, "config": knobs}
 
 
 # Built-in upstreams, enabled only when their key is in the environment.

@@ -30,11 +30,6 @@ log = structlog.get_logger("providers.local")
 DEFAULT_MODEL_ID = "deepseek-v3.1"
 
 
-def default_device() -> str:
-    """The engine device: the GPU ("cuda") when one is visible, else "cpu"."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def demo_checkpoint_dir(demo_dir: Path, preset: str) -> Path:
     return demo_dir / preset
 
@@ -75,8 +70,10 @@ async def open_local_provider(
     demo_preset: str = "small",
     model_id: str = DEFAULT_MODEL_ID,
 ) -> AsyncIterator[LocalProvider]:
-    """A started LocalProvider over `config`'s engine (which sets torch's threads from
-    `config.num_threads`); the engine stops on exit."""
+    """A started LocalProvider over `config`'s engine; the engine stops on exit. The engine
+    is the process's one user of torch, so torch's threads are set here, once."""
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
     checkpoint = await asyncio.to_thread(resolve_checkpoint, model_path, demo_dir, demo_preset)
     tokenizer = await asyncio.to_thread(Tokenizer.from_dir, checkpoint)
     generation_config = asdict(load_generation_config(checkpoint))

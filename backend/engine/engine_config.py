@@ -6,17 +6,17 @@ and never written back into the config, so nothing depends on the order objects 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch-free at import: the gateway validates these settings without torch
+    import torch
 
-from backend.model.config import ModelConfig
+    from backend.model.config import ModelConfig
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
 @dataclass(frozen=True)
@@ -27,18 +27,21 @@ class EngineConfig:
     `cache_memory_bytes` is the budget of the paged latent pool (all cache layers, MTP included)
     in blocks of `block_size` tokens; `max_waiting` bounds the queue of requests not yet
     running (more are refused with a retry hint); `dtype` names the weights' and the cache's
-    torch dtype; `num_threads` sets torch's intra-op threads (None keeps torch's default);
-    `max_model_len` caps prompt + output below what the model and the pool allow (None: no cap).
+    torch dtype; `device` is "auto" (the GPU when one is visible), "cpu", "cuda[:N]" or "mps";
+    `num_threads` is torch's intra-op threads, set once by whoever starts the process's engine
+    (None keeps torch's default); `max_model_len` caps prompt + output below what the model and
+    the pool allow (None: no cap). These defaults are the only ones: the gateway's `[engine]`
+    settings validate into this class.
     """
 
-    max_num_seqs: int = 64
-    max_batch_tokens: int = 4096
+    max_num_seqs: int = 32
+    max_batch_tokens: int = 2048
     block_size: int = 64
-    cache_memory_bytes: int = 1 << 30
+    cache_memory_bytes: int = 512 << 20
     chunked_prefill: bool = True
     max_waiting: int = 256
-    dtype: str = "bfloat16"
-    device: str = "cpu"
+    dtype: str = "float32"
+    device: str = "auto"
     num_threads: int | None = None
     max_model_len: int | None = None
 
@@ -58,20 +61,28 @@ class EngineConfig:
                 f"max_batch_tokens {self.max_batch_tokens} must cover one decode token for each "
                 f"of max_num_seqs {self.max_num_seqs}"
             )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be positive or None, got {self.num_threads}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
-        try:
-            torch.device(self.device)
-        except RuntimeError as exc:
-            raise ValueError(f"invalid device {self.device!r}: {exc}") from exc
+        if not _DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be auto, cpu, cuda[:N] or mps, got {self.device!r}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+
+    def resolved_device(self) -> str:
+        """The device to run on: "auto" becomes "cuda" when a GPU is visible, else "cpu"."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def cache_bytes_per_block(config: EngineConfig, model_config: ModelConfig, *, mtp: bool) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from backend.engine.blocks import BlockEvent, BlockManager
-from backend.engine.engine_config import EngineConfig, max_model_len
+from backend.engine.engine_config import EngineConfig, max_model_len, num_cache_blocks
 from backend.engine.request import FinishReason, Request
 from backend.engine.runner import ModelRunner
 from backend.engine.sampler import TokenLogprobs
@@ -93,11 +93,10 @@ class LLMEngine:
         self.config = config
         self.hash_seed = hash_seed
         self.vocab_size = model.config.vocab_size
-        self.runner = ModelRunner(model, config)
-        self.block_manager = BlockManager(
-            self.runner.num_blocks, config.block_size, hash_seed, on_block_event
-        )
-        self.max_model_len = max_model_len(config, model.config, self.runner.num_blocks)
+        num_blocks = num_cache_blocks(config, model.config, mtp=model.num_mtp_layers > 0)
+        self.runner = ModelRunner(model, config, num_blocks)
+        self.block_manager = BlockManager(num_blocks, config.block_size, hash_seed, on_block_event)
+        self.max_model_len = max_model_len(config, model.config, num_blocks)
         eos_ids = set(defaults.eos_token_ids)
         if model.config.eos_token_id is not None:
             eos_ids.add(model.config.eos_token_id)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.engine.engine_config import EngineConfig, cache_bytes_per_block, num_cache_blocks
+from backend.engine.engine_config import EngineConfig, cache_bytes_per_block
 from backend.engine.request import Request
 from backend.engine.sampler import Sampler, SampleRow, TokenLogprobs, make_generator
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -44,18 +44,17 @@ class ModelRunner:
     depend on what else is batched with it (and survive preemption).
     """
 
-    def __init__(self, model: DeepseekV3ForCausalLM, config: EngineConfig) -> None:
+    def __init__(self, model: DeepseekV3ForCausalLM, config: EngineConfig, num_blocks: int) -> None:
         if model.dtype != config.torch_dtype:
             raise ValueError(f"model is {model.dtype}, the engine config says {config.dtype}")
-        if model.device.type != torch.device(config.device).type:
-            raise ValueError(f"model is on {model.device}, the engine config says {config.device}")
-        if config.num_threads is not None:
-            torch.set_num_threads(config.num_threads)
+        device = config.resolved_device()
+        if model.device.type != torch.device(device).type:
+            raise ValueError(f"model is on {model.device}, the engine config says {device}")
         self.model = model
         self.block_size = config.block_size
         self.device = model.device
         mtp = model.num_mtp_layers > 0
-        self.num_blocks = num_cache_blocks(config, model.config, mtp=mtp)
+        self.num_blocks = num_blocks
         self.cache = PagedLatentCache(
             num_layers=model.num_cache_layers,
             num_blocks=self.num_blocks,

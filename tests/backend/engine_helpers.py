@@ -8,8 +8,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from backend.engine.engine_config import EngineConfig
+from backend.engine.engine_config import EngineConfig, num_cache_blocks
 from backend.engine.llm_engine import LLMEngine, RequestOutput
+from backend.engine.runner import ModelRunner
 from backend.engine.sampling_params import SamplingParams
 from backend.model.checkpoint import load_generation_config
 from backend.model.model import DeepseekV3ForCausalLM
@@ -27,10 +28,17 @@ def engine_config(**overrides: Any) -> EngineConfig:
         "block_size": 16,
         "cache_memory_bytes": 2 << 20,
         "dtype": "float32",
+        "device": "cpu",
         "max_waiting": 64,
     }
     settings.update(overrides)
     return EngineConfig(**settings)
+
+
+def make_runner(model: DeepseekV3ForCausalLM, config: EngineConfig) -> ModelRunner:
+    """A runner with the pool the engine would give it under `config`."""
+    mtp = model.num_mtp_layers > 0
+    return ModelRunner(model, config, num_cache_blocks(config, model.config, mtp=mtp))
 
 
 def make_engine(

@@ -7,13 +7,13 @@ import torch
 
 from backend.engine.engine_config import EngineConfig, max_model_len, num_cache_blocks
 from backend.engine.request import Request
-from backend.engine.runner import ModelRunner
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
 from backend.model.cache import ForwardBatch
 from backend.model.model import DeepseekV3ForCausalLM
 from tests.backend.engine_helpers import (
     engine_config,
+    make_runner,
 )
 
 
@@ -58,7 +58,7 @@ def test_pool_size_counts_every_cache_layer_including_mtp(
     layers = tiny_model.config.num_hidden_layers + tiny_model.config.num_nextn_predict_layers
     per_block = layers * tiny_model.config.latent_dim * 4 * 16
     assert num_cache_blocks(config, tiny_model.config, mtp=True) == 1_000_000 // per_block
-    runner = ModelRunner(tiny_model, config)
+    runner = make_runner(tiny_model, config)
     assert runner.num_blocks == 1_000_000 // per_block
     assert tuple(runner.cache.kv.shape) == (
         layers,
@@ -82,13 +82,13 @@ def test_max_model_len_takes_the_tightest_limit(tiny_model: DeepseekV3ForCausalL
 
 def test_runner_rejects_a_model_in_another_dtype(tiny_model: DeepseekV3ForCausalLM) -> None:
     with pytest.raises(ValueError, match="bfloat16"):
-        ModelRunner(tiny_model, engine_config(dtype="bfloat16"))
+        make_runner(tiny_model, engine_config(dtype="bfloat16"))
 
 
 def test_batch_mixes_chunks_and_decodes_over_scattered_blocks(
     tiny_model: DeepseekV3ForCausalLM,
 ) -> None:
-    runner = ModelRunner(tiny_model, engine_config(block_size=4))
+    runner = make_runner(tiny_model, engine_config(block_size=4))
     greedy = SamplingParams(temperature=0.0)
     decode = _seq("a", list(range(2, 9)), [7, 3], greedy)  # 7 tokens, the last one new
     chunk = _seq("b", list(range(20, 31)), [5, 0, 9], greedy)  # tokens 2..9 of 11 this step
@@ -105,7 +105,7 @@ def test_batch_mixes_chunks_and_decodes_over_scattered_blocks(
 
 
 def test_only_rows_that_complete_a_sequence_sample(tiny_model: DeepseekV3ForCausalLM) -> None:
-    runner = ModelRunner(tiny_model, engine_config(block_size=4))
+    runner = make_runner(tiny_model, engine_config(block_size=4))
     greedy = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=2)
     prompt_a, prompt_b = [3, 9, 27, 81, 243], [5, 25, 125, 11, 55, 275]
     whole = _seq("a", prompt_a, [0, 1], greedy)
@@ -124,7 +124,7 @@ def test_only_rows_that_complete_a_sequence_sample(tiny_model: DeepseekV3ForCaus
 
 
 def test_seeded_generator_lives_until_release(tiny_model: DeepseekV3ForCausalLM) -> None:
-    runner = ModelRunner(tiny_model, engine_config(block_size=8))
+    runner = make_runner(tiny_model, engine_config(block_size=8))
     params = SamplingParams(temperature=1.0, top_p=1.0, seed=1234)
     seq = _seq("s", [4, 8, 15, 16, 23, 42], [0], params)
     step = SchedulerOutput([_scheduled(seq, 0, 6)], [])
@@ -136,7 +136,7 @@ def test_seeded_generator_lives_until_release(tiny_model: DeepseekV3ForCausalLM)
 
 
 def test_step_writes_only_the_new_tokens_slots(tiny_model: DeepseekV3ForCausalLM) -> None:
-    runner = ModelRunner(tiny_model, engine_config(block_size=8))
+    runner = make_runner(tiny_model, engine_config(block_size=8))
     seq = _seq("g", [1, 2, 3], [2], SamplingParams(temperature=0.0))
     runner.execute(SchedulerOutput([_scheduled(seq, 0, 3)], []))
     kv = runner.cache.kv  # [layers, slots, latent]

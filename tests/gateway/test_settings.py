@@ -99,3 +99,29 @@ def test_default_settings_file_loads() -> None:
     assert s.providers["local"].kind == "local"
     assert {"deepseek-v3.1", "deepseek-chat", "deepseek-reasoner"} <= set(s.models)
     assert s.models["deepseek-reasoner"].routes[0].thinking is True
+
+
+def test_engine_knobs_validate_into_the_engine_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.engine.engine_config import EngineConfig  # torch-free
+
+    assert load_settings().engine.config == EngineConfig()  # one set of defaults
+    monkeypatch.setenv("GATEWAY_ENGINE__MAX_WAITING", "7")
+    engine = load_settings(engine={"cache_memory_mb": 3, "dtype": "bfloat16"}).engine
+    assert engine.config == EngineConfig(
+        cache_memory_bytes=3 << 20, dtype="bfloat16", max_waiting=7
+    )
+
+
+@pytest.mark.parametrize(
+    ("engine", "needle"),
+    [
+        ({"max_num_seqs": 0}, "max_num_seqs must be positive"),
+        ({"max_num_seqs": 64, "max_batch_tokens": 32}, "must cover one decode token"),
+        ({"dtype": "int8"}, "dtype must be one of"),
+        ({"device": "tpu"}, "device must be"),
+        ({"cache_memory": 5}, "unknown engine settings: cache_memory"),
+    ],
+)
+def test_engine_knobs_fail_at_load(engine: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValidationError, match=needle):
+        load_settings(engine=engine)
