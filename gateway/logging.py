@@ -1,5 +1,10 @@
 """structlog setup: JSON lines in production, console in development; per-request context is
-bound with `structlog.contextvars` by the middleware. Never log secrets or prompt text."""
+bound with `structlog.contextvars` by the middleware. Never log secrets or prompt text.
+
+One stream: the standard library's records (the engine in `backend/` logs through `logging`,
+with its facts in `extra`) go through the same renderer, so in JSON mode every line is JSON and
+those facts are fields.
+"""
 
 from __future__ import annotations
 
@@ -12,23 +17,46 @@ import structlog
 from gateway.settings import LoggingSettings
 
 
+class _StructlogHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
+    """The root handler this module installs (replaced, never stacked, on reconfiguration)."""
+
+
 def configure_logging(settings: LoggingSettings, stream: TextIO | None = None) -> None:
     level = getattr(logging, settings.level.upper())
+    out = stream or sys.stderr
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if settings.format == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+        processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(level=level, stream=stream or sys.stderr, format="%(name)s %(message)s")
+    handler = _StructlogHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                *shared,
+                structlog.stdlib.add_logger_name,
+                structlog.stdlib.ExtraAdder(),
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StructlogHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)

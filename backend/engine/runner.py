@@ -65,15 +65,18 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
-        logger.info(
-            "latent pool: %d blocks x %d tokens = %d tokens, %d cache layers, %.1f MiB on %s",
-            self.num_blocks,
-            self.block_size,
-            self.num_blocks * self.block_size,
-            model.num_cache_layers,
-            self.num_blocks * cache_bytes_per_block(config, model.config, mtp=mtp) / 2**20,
-            self.device,
-        )
+        pool = {
+            "kv_blocks": self.num_blocks,
+            "block_size": self.block_size,
+            "kv_tokens": self.num_blocks * self.block_size,
+            "cache_layers": model.num_cache_layers,
+            "kv_mib": round(
+                self.num_blocks * cache_bytes_per_block(config, model.config, mtp=mtp) / 2**20, 1
+            ),
+            "device": str(self.device),
+            "dtype": config.dtype,
+        }
+        logger.info("latent pool: %s", " ".join(f"{k}={v}" for k, v in pool.items()), extra=pool)
 
     @property
     def num_tokens_capacity(self) -> int:

@@ -241,19 +241,19 @@ def load_model(
                     targets[name].data.copy_(tensor)
                     bar.update(1)
     mla = config.mla
-    logger.info(
-        "loaded %s: attention=MLA kv_lora_rank=%d rope_dim=%d cache_bytes_per_token=%d "
-        "layers=%d mtp_layers=%d experts=%d top_k=%d weights=%s dtype=%s device=%s",
-        model_dir,
-        mla.kv_lora_rank,
-        mla.qk_rope_head_dim,
-        config.cache_bytes_per_token(dtype),
-        config.num_hidden_layers,
-        model.num_mtp_layers,
-        config.moe.n_routed_experts,
-        config.moe.num_experts_per_tok,
-        "fp8" if config.quantization else str(config.torch_dtype).removeprefix("torch."),
-        str(dtype).removeprefix("torch."),
-        device,
-    )
+    facts = {
+        "attention": "MLA",
+        "kv_lora_rank": mla.kv_lora_rank,
+        "rope_dim": mla.qk_rope_head_dim,
+        "cache_bytes_per_token": config.cache_bytes_per_token(dtype),
+        "layers": config.num_hidden_layers,
+        "mtp_layers": model.num_mtp_layers,
+        "experts": config.moe.n_routed_experts,
+        "top_k": config.moe.num_experts_per_tok,
+        "weights": "fp8" if config.quantization else str(config.torch_dtype).removeprefix("torch."),
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": str(device),
+    }
+    summary = " ".join(f"{name}={value}" for name, value in facts.items())
+    logger.info("loaded %s: %s", model_dir, summary, extra={"checkpoint": str(model_dir), **facts})
     return model.eval()

@@ -1,0 +1,42 @@
+"""One log stream: standard-library records (the engine's) render like structlog's own."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from gateway.logging import configure_logging
+from gateway.settings import LoggingSettings
+
+
+@pytest.fixture
+def restore_root_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.reset_defaults()
+
+
+@pytest.mark.usefixtures("restore_root_logging")
+def test_json_mode_renders_stdlib_records_as_json_with_their_extra_fields() -> None:
+    out = io.StringIO()
+    configure_logging(LoggingSettings(format="json", level="info"), stream=out)
+    configure_logging(LoggingSettings(format="json", level="info"), stream=out)  # no stacking
+    structlog.get_logger("gateway.test").info("gateway_line", port=8000)
+    logging.getLogger("backend.engine.runner").info(
+        "latent pool: %s", "kv_blocks=12", extra={"kv_blocks": 12, "dtype": "float32"}
+    )
+    logging.getLogger("backend.engine.runner").debug("below the level")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line["event"] for line in lines] == ["gateway_line", "latent pool: kv_blocks=12"]
+    engine_line = lines[1]
+    assert engine_line["kv_blocks"] == 12 and engine_line["dtype"] == "float32"
+    assert engine_line["level"] == "info" and engine_line["logger"] == "backend.engine.runner"
+    assert "timestamp" in engine_line
