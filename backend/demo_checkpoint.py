@@ -23,6 +23,7 @@ from torch import Tensor
 
 from backend.model import fp8
 from backend.model.config import ModelConfig
+from backend.model.dtypes import dtype_name
 from backend.model.model import DeepseekV3ForCausalLM
 from backend.text.tokenizer_assets import write_tokenizer_files
 
@@ -129,8 +130,6 @@ FP8_QUANTIZATION = {
     "weight_block_size": [128, 128],
 }
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-
 
 def demo_config(preset: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """config.json contents for ``preset``, with top-level ``overrides`` applied."""
@@ -221,7 +220,7 @@ def write_demo_checkpoint(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     raw = demo_config(preset, overrides)
-    raw["torch_dtype"] = _DTYPE_NAMES[dtype]
+    raw["torch_dtype"] = dtype_name(dtype)
     if use_fp8:
         raw["quantization_config"] = FP8_QUANTIZATION
     config = ModelConfig.from_dict(raw)

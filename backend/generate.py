@@ -10,13 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from backend.model.checkpoint import load_model
+from backend.model.dtypes import torch_dtype
 from backend.text.detokenizer import IncrementalDetokenizer
 from backend.text.tokenizer import Tokenizer
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,11 +22,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt", required=True, help="the user message")
     parser.add_argument("--thinking", action="store_true", help="open the reply with <think>")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args(argv)
 
     tokenizer = Tokenizer.from_dir(args.model)
-    model = load_model(args.model, dtype=_DTYPES[args.dtype], load_mtp=False)
+    model = load_model(args.model, dtype=torch_dtype(args.dtype), load_mtp=False)
     messages = [{"role": "user", "content": args.prompt}]
     prompt_ids = tokenizer.encode_chat(messages, thinking=args.thinking)
     detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)

@@ -23,10 +23,9 @@ from transformers import DynamicCache
 from backend.demo_checkpoint import write_demo_checkpoint
 from backend.model.cache import ForwardBatch
 from backend.model.checkpoint import load_model
+from backend.model.dtypes import torch_dtype
 from backend.model.model import DeepseekV3ForCausalLM
 from backend.model.moe import MoE
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def copy_bandwidth(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
@@ -101,7 +100,7 @@ def hf_decode(model: HFDeepseekV3, ids: list[int], steps: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path)
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--context", type=int, default=256, help="prompt before decoding")
@@ -109,7 +108,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    dtype = _DTYPES[args.dtype]
+    dtype = torch_dtype(args.dtype)
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model or write_demo_checkpoint(Path(scratch) / "small", "small")
         ours = load_model(model_dir, dtype=dtype, load_mtp=False)

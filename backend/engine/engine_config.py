@@ -10,12 +10,13 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from backend.model.dtypes import DTYPE_NAMES, torch_dtype
+
 if TYPE_CHECKING:  # torch-free at import: the gateway validates these settings without torch
     import torch
 
     from backend.model.config import ModelConfig
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
@@ -72,9 +73,7 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        import torch
-
-        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+        return torch_dtype(self.dtype)
 
     def resolved_device(self) -> str:
         """The device to run on: "auto" becomes "cuda" when a GPU is visible, else "cpu"."""

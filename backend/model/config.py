@@ -14,16 +14,11 @@ from typing import Any
 
 import torch
 
+from backend.model.dtypes import DTYPE_NAMES, torch_dtype
+
 
 class ConfigError(ValueError):
     """config.json is missing a field or describes a model this engine cannot run."""
-
-
-_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
 
 
 @dataclass(frozen=True)
@@ -308,9 +303,10 @@ def _parse_rope(raw: dict[str, Any]) -> RopeConfig:
 
 
 def _parse_dtype(name: Any) -> torch.dtype:
-    if isinstance(name, str) and name in _DTYPES:
-        return _DTYPES[name]
-    raise ConfigError(f"torch_dtype {name!r} is not one of {sorted(_DTYPES)}")
+    try:
+        return torch_dtype(str(name))
+    except ValueError as exc:
+        raise ConfigError(f"torch_dtype {name!r} is not one of {list(DTYPE_NAMES)}") from exc
 
 
 def _parse_quant(raw: dict[str, Any] | None) -> QuantConfig | None:
