@@ -17,10 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from backend.engine.engine_config import EngineConfig
+from providers.openai_wire import ThinkingStyle
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-ThinkingStyle = Literal["deepseek", "chat_template_kwargs", "reasoning_effort", "none"]
 
 
 class ServerSettings(BaseModel):

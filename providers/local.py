@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +55,9 @@ def _tool_dict(tool: Tool) -> dict[str, Any]:
 class LocalProvider:
     """The Provider (and exact TokenCounter) for an in-process AsyncEngine.
 
-    `generation_config`: generation_config.json's values (temperature, top_p) used where the
-    request leaves them unset. `model_id`: the one model this provider lists; a request's model
-    name is not checked (routes name the provider-side model).
+    `model_id`: the one model this provider lists; a request's model name is not checked (routes
+    name the provider-side model). Sampling values the request leaves unset are filled by the
+    engine from the checkpoint's generation_config.json.
     """
 
     def __init__(
@@ -65,13 +65,11 @@ class LocalProvider:
         name: str,
         engine: AsyncEngine,
         tokenizer: Tokenizer,
-        generation_config: Mapping[str, Any],
         model_id: str,
     ) -> None:
         self.name = name
         self._engine = engine
         self._tokenizer = tokenizer
-        self._generation_config = dict(generation_config)
         self._model_id = model_id
 
     def count_prompt_tokens(self, request: ChatRequest) -> int:
@@ -189,7 +187,7 @@ class LocalProvider:
             )
         except ValueError as exc:
             raise InvalidRequest(str(exc), provider=self.name) from None
-        return params.with_defaults(self._generation_config)
+        return params
 
     @staticmethod
     def _finish_reason(engine_reason: str, translator: TokenTranslator) -> FinishReason:

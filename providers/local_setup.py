@@ -12,7 +12,6 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import asdict
 from pathlib import Path
 
 import structlog
@@ -21,7 +20,7 @@ import torch
 from backend.demo_checkpoint import PRESETS, write_demo_checkpoint
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.engine_config import EngineConfig
-from backend.model.checkpoint import INDEX_FILE, load_generation_config
+from backend.model.checkpoint import INDEX_FILE
 from backend.text.tokenizer import Tokenizer
 from providers.local import LocalProvider
 
@@ -76,7 +75,6 @@ async def open_local_provider(
         torch.set_num_threads(config.num_threads)
     checkpoint = await asyncio.to_thread(resolve_checkpoint, model_path, demo_dir, demo_preset)
     tokenizer = await asyncio.to_thread(Tokenizer.from_dir, checkpoint)
-    generation_config = asdict(load_generation_config(checkpoint))
     engine = await asyncio.to_thread(AsyncEngine.from_checkpoint, checkpoint, config)
     engine.start()
     stats = engine.stats()
@@ -89,7 +87,7 @@ async def open_local_provider(
         max_model_len=engine.max_model_len,
     )
     try:
-        yield LocalProvider(name, engine, tokenizer, generation_config, model_id)
+        yield LocalProvider(name, engine, tokenizer, model_id)
     finally:
         await engine.stop()
         log.info("local_engine_stopped", provider=name)
