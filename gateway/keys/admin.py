@@ -36,6 +36,11 @@ def setup_admin(app: web.Application, settings: Settings) -> None:
     """Mount the admin API on `app` at /admin. Its store and usage reader are built on startup
     from the app's Redis (`REDIS`, opened in the app's cleanup_ctx, which runs first)."""
     admin = web.Application(middlewares=[_authorize(settings.admin.api_key)])
+    if settings.admin.api_key is None:
+        log.warning(
+            "admin_api_disabled",
+            how="set GATEWAY_ADMIN__API_KEY (with docker compose: in .env, see .env.example)",
+        )
     prefix = settings.redis.key_prefix
 
     async def open_services(_: web.Application) -> None:
