@@ -10,9 +10,9 @@ from aiohttp import web
 
 from gateway import handlers
 from gateway.access import AccessControl
+from gateway.admin.api import setup_admin
 from gateway.appkeys import ACCESS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS
 from gateway.keys.access import RedisAccessControl
-from gateway.keys.admin import setup_admin
 from gateway.metrics import Metrics
 from gateway.middleware import add_request_id, error_middleware
 from gateway.open_access import OpenAccess

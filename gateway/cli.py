@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 import structlog
 from aiohttp import web
 
+from gateway.admin import keys_cli
 from gateway.app import create_app
-from gateway.keys import cli as keys_cli
 from gateway.logging import configure_logging
 from gateway.settings import Settings, load_settings
 

@@ -14,9 +14,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
 from gateway.access import Outcome, Ticket
+from gateway.admin.api import setup_admin
 from gateway.appkeys import REDIS
 from gateway.keys.access import RedisAccessControl
-from gateway.keys.admin import setup_admin
 from gateway.middleware import error_middleware
 from gateway.settings import Settings
 from providers.types import Usage

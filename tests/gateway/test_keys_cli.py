@@ -15,7 +15,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 from gateway.access import Outcome, Ticket
-from gateway.keys import cli
+from gateway.admin import keys_cli
 from gateway.keys.access import RedisAccessControl
 from providers.types import Usage
 
@@ -41,7 +41,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
     """Run one command; its exit status, parsed stdout (None when empty) and stderr."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--config")
-    cli.register(parser.add_subparsers(dest="command", required=True))
+    keys_cli.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     status = args.func(args)
     out, err = capsys.readouterr()
