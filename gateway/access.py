@@ -66,7 +66,7 @@ class Outcome:
     """What actually happened, for settlement and the usage record."""
 
     usage: Usage
-    status: int  # HTTP status the client saw (200 also for a stream that failed mid-way)
+    status: int  # HTTP status the client saw; a stream that failed mid-way has its failure's
     provider: str = ""
     route_model: str = ""
     thinking: bool | None = None

@@ -113,6 +113,7 @@ class _Tally:
     first_at: float | None = None
     usage: Usage | None = None
     finish: FinishReason | None = None
+    failure: GatewayError | None = None  # what ended a stream after its headers were sent
 
     def see(self, event: Event) -> None:
         if isinstance(event, TextDelta | ReasoningDelta | ToolCallDelta):
@@ -268,8 +269,8 @@ class Pipeline:
             exc.provider = exc.provider or "upstream"
             err = provider_error_to_gateway(exc)
             log.warning("stream_failed", code=err.code, error=err.message)
+            tally.finish, tally.failure = None, err
             await resp.write(encoder.fail(err))
-            tally.finish = None
             return resp
         finally:
             await events.aclose()
@@ -310,6 +311,8 @@ class Pipeline:
             prompt_tokens=ticket.prompt_tokens, completion_tokens=tally.deltas
         )
         ttft = (tally.first_at - started) * 1000 if tally.first_at is not None else None
+        if tally.failure is not None and status == 200:  # recorded as what it was, not a 200
+            status, error_code = tally.failure.status, tally.failure.code
         return Outcome(
             usage=usage,
             status=status,

@@ -1,7 +1,10 @@
 """Redis connection, with a private embedded `redis-server` when the configured one is down.
 
 The embedded server runs as a child process with append-only persistence under
-`redis.data_dir`, listens on a unix socket there (no port to collide with), and is stopped on exit.
+`redis.data_dir`, listens on a unix socket there (no port to collide with), logs to
+`redis.log` there, and is stopped on exit. A server that restarts on a large append-only file
+answers LOADING for a while: start-up waits for it to be ready for up to `redis.start_timeout_s`,
+notices a child that exited, and says why it failed (the tail of the server's log).
 """
 
 from __future__ import annotations
@@ -11,21 +14,78 @@ import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import structlog
 from redis.asyncio import BlockingConnectionPool, Redis, UnixDomainSocketConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import BusyLoadingError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.settings import RedisSettings
 
 log = structlog.get_logger("gateway.redis")
 
+_POLL_S = 0.05
 
-async def _reachable(client: Redis) -> bool:
+
+class RedisNotReady(RuntimeError):
+    """Redis did not become ready: why, in words an operator can act on."""
+
+
+async def _answers(client: Redis, timeout_s: float) -> bool:
+    """True when Redis answers PING; False when nothing listens or it does not answer.
+    A server still loading its data raises BusyLoadingError (it is there, not ready)."""
     try:
-        return bool(await asyncio.wait_for(client.ping(), timeout=2))
-    except (RedisConnectionError, OSError, TimeoutError):
+        return bool(await asyncio.wait_for(client.ping(), timeout=timeout_s))
+    except BusyLoadingError:
+        raise
+    except (RedisError, OSError, TimeoutError):
         return False
+
+
+async def wait_ready(
+    client: Redis,
+    *,
+    deadline_s: float,
+    timeout_s: float,
+    child: asyncio.subprocess.Process | None = None,
+    log_file: Path | None = None,
+) -> None:
+    """Wait until Redis answers PING (not LOADING) within `deadline_s`, or raise RedisNotReady
+    saying why: the child exited (with its log's tail), it was still loading, or it never
+    answered."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    loading = False
+    while True:
+        if child is not None and child.returncode is not None:
+            raise RedisNotReady(
+                f"the embedded redis-server exited with status {child.returncode}" + _tail(log_file)
+            )
+        try:
+            if await _answers(client, timeout_s):
+                if loading:
+                    log.info("redis_loaded")
+                return
+        except BusyLoadingError:
+            if not loading:
+                log.info("redis_loading_data", deadline_s=deadline_s)
+            loading = True
+        if loop.time() >= end:
+            what = "was still loading its data" if loading else "did not answer"
+            raise RedisNotReady(
+                f"Redis {what} after {deadline_s:g}s (redis.start_timeout_s)" + _tail(log_file)
+            )
+        await asyncio.sleep(_POLL_S)
+
+
+def _tail(log_file: Path | None, lines: int = 5) -> str:
+    if log_file is None or not log_file.exists():
+        return ""
+    last = log_file.read_text(errors="replace").splitlines()[-lines:]
+    return "; its log ends: " + " | ".join(line.strip() for line in last) if last else ""
 
 
 def _prepare(data_dir: Path) -> Path:
@@ -36,16 +96,16 @@ def _prepare(data_dir: Path) -> Path:
 
 
 @asynccontextmanager
-async def embedded_redis(data_dir: Path) -> AsyncIterator[Path]:
-    """Run a private redis-server; yields its unix socket path."""
+async def embedded_redis(settings: RedisSettings) -> AsyncIterator[Path]:
+    """Run a private redis-server and wait until it is ready; yields its unix socket path."""
     binary = shutil.which("redis-server")
     if binary is None:
-        raise RuntimeError(
+        raise RedisNotReady(
             "Redis is unreachable and redis-server is not installed; "
             "run scripts/setup.sh or set redis.url"
         )
-    data_dir = await asyncio.to_thread(_prepare, data_dir)
-    sock = data_dir / "redis.sock"
+    data_dir = await asyncio.to_thread(_prepare, settings.data_dir)
+    sock, log_file = data_dir / "redis.sock", data_dir / "redis.log"
     proc = await asyncio.create_subprocess_exec(
         binary,
         "--port",
@@ -60,14 +120,23 @@ async def embedded_redis(data_dir: Path) -> AsyncIterator[Path]:
         "yes",
         "--save",
         "",
+        "--logfile",
+        str(log_file),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
     try:
-        for _ in range(100):
-            if sock.exists():
-                break
-            await asyncio.sleep(0.05)
+        client = _client(settings, sock)
+        try:
+            await wait_ready(
+                client,
+                deadline_s=settings.start_timeout_s,
+                timeout_s=settings.timeout_s,
+                child=proc,
+                log_file=log_file,
+            )
+        finally:
+            await client.aclose()
         log.info("embedded_redis_started", data_dir=str(data_dir), pid=proc.pid)
         yield sock
     finally:
@@ -78,26 +147,38 @@ async def embedded_redis(data_dir: Path) -> AsyncIterator[Path]:
 
 
 def _client(settings: RedisSettings, unix_socket: Path | None = None) -> Redis:
-    """A client whose pool makes callers wait for a free connection (up to the socket timeout)
-    rather than fail when every connection is busy."""
+    """A client whose pool makes callers wait for a free connection (up to `timeout_s`) rather
+    than fail when every connection is busy. The socket timeouts go to the pool: redis-py
+    ignores the client's own when it is handed a pool. A command that finds its pooled
+    connection dead (Redis restarted) is tried once more on a new one; one that timed out is
+    not (that would double the wait)."""
+    seconds = settings.timeout_s
+    options: dict[str, Any] = {
+        "max_connections": settings.max_connections,
+        "timeout": seconds,
+        "socket_timeout": seconds,
+        "socket_connect_timeout": seconds,
+        "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        "retry_on_error": [RedisConnectionError],
+    }
     if unix_socket is None:
-        pool = BlockingConnectionPool.from_url(
-            settings.url, max_connections=settings.max_connections, timeout=settings.timeout_s
-        )
+        pool = BlockingConnectionPool.from_url(settings.url, **options)
     else:
         pool = BlockingConnectionPool(
-            connection_class=UnixDomainSocketConnection,
-            path=str(unix_socket),
-            max_connections=settings.max_connections,
-            timeout=settings.timeout_s,
+            connection_class=UnixDomainSocketConnection, path=str(unix_socket), **options
         )
-    return Redis(connection_pool=pool, socket_timeout=settings.timeout_s)
+    return Redis(connection_pool=pool)
 
 
 @asynccontextmanager
 async def open_redis(settings: RedisSettings) -> AsyncIterator[Redis]:
     client = _client(settings)
-    if await _reachable(client):
+    try:
+        up = await _answers(client, min(settings.timeout_s, 2.0))
+    except BusyLoadingError:  # the configured server is there, loading its data: wait for it
+        await wait_ready(client, deadline_s=settings.start_timeout_s, timeout_s=settings.timeout_s)
+        up = True
+    if up:
         try:
             yield client
         finally:
@@ -105,12 +186,10 @@ async def open_redis(settings: RedisSettings) -> AsyncIterator[Redis]:
         return
     await client.aclose()
     if not settings.embedded:
-        raise RuntimeError(f"Redis at {settings.url} is unreachable and redis.embedded is false")
+        raise RedisNotReady(f"Redis at {settings.url} is unreachable and redis.embedded is false")
     log.warning("redis_unreachable_starting_embedded", url=settings.url)
-    async with embedded_redis(settings.data_dir) as sock:
+    async with embedded_redis(settings) as sock:
         client = _client(settings, sock)
-        if not await _reachable(client):
-            raise RuntimeError("the embedded redis-server did not start")
         try:
             yield client
         finally:

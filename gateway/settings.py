@@ -41,7 +41,10 @@ class RedisSettings(BaseModel):
     key_prefix: str = "gw:"
     # Connections per gateway process; callers wait for a free one up to timeout_s.
     max_connections: int = Field(default=128, gt=0)
+    # Every call to Redis (key lookups, admission, settlement, the admin API) fails after this.
     timeout_s: float = Field(default=5.0, gt=0)
+    # How long start-up waits for a Redis that is loading its data (a large append-only file).
+    start_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class LoggingSettings(BaseModel):
