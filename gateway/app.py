@@ -49,8 +49,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                 redis,
                 prefix=settings.redis.key_prefix,
                 usage_stream_maxlen=settings.limits.usage_stream_maxlen,
+                slot_lease_s=settings.limits.slot_lease_s,
+                spool_dir=settings.limits.spool_dir,
                 timeout_s=settings.redis.timeout_s,
             )
+            await keyed.start()
             stack.push_async_callback(keyed.aclose)  # runs after the pipeline's drain below
             access = keyed
         else:

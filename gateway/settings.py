@@ -69,6 +69,11 @@ class LimitSettings(BaseModel):
     # Reserved completion tokens for a request that sets no max_tokens.
     default_max_tokens: int = Field(default=4096, gt=0)
     usage_stream_maxlen: int = Field(default=1_000_000, gt=0)
+    # A request's concurrency slot and reservation are a lease of this many seconds, renewed
+    # while it runs: capacity held by a replica that died or lost Redis is back this soon.
+    slot_lease_s: float = Field(default=15.0, ge=1)
+    # Settlements Redis could not take are appended here and replayed (at recovery and start).
+    spool_dir: Path = Path(".data/spool")
 
 
 class ProviderSettings(BaseModel):

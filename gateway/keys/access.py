@@ -7,14 +7,21 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 
+import structlog
 from redis.asyncio import Redis
 
 from gateway.access import Grant, Outcome, Principal, Ticket
 from gateway.errors import AuthenticationError
-from gateway.keys.limiter import Limiter
+from gateway.keys.keeper import TRANSIENT, Keeper
+from gateway.keys.limiter import Limiter, Settlement
+from gateway.keys.script_batch import Unsent
+from gateway.keys.spool import Spool
 from gateway.keys.store import SECRET_PREFIX, KeyStore, digest
 from gateway.keys.usage import usage_entry
+
+log = structlog.get_logger("gateway.access")
 
 
 class RedisAccessControl:
@@ -26,9 +33,11 @@ class RedisAccessControl:
     expired or restricted on any replica is refused by the very next admission everywhere.
     (Only endpoints without admission, such as the model list, may see a cached answer.)
 
-    `slot_ttl_s` bounds how long a request may hold its concurrency slot and reservation; a
-    replica that dies mid-request leaks them for at most that long. `clock` (epoch seconds) is
-    injectable for tests; replicas sharing Redis are assumed to have synchronized clocks.
+    A request's concurrency slot and reservation are a lease of `slot_lease_s`, renewed while
+    it runs (see `Keeper`): a replica that dies mid-request, or loses Redis, holds them for at
+    most that long. Settlements Redis does not take are spooled under `spool_dir` and retried.
+    `clock` (epoch seconds) is injectable for tests; replicas sharing Redis are assumed to have
+    synchronized clocks.
     """
 
     def __init__(
@@ -37,7 +46,8 @@ class RedisAccessControl:
         *,
         prefix: str,
         usage_stream_maxlen: int,
-        slot_ttl_s: float = 1800.0,
+        slot_lease_s: float = 15.0,
+        spool_dir: Path = Path(".data/spool"),
         timeout_s: float = 5.0,
         auth_cache_s: float = 2.0,
         auth_cache_size: int = 10_000,
@@ -48,18 +58,26 @@ class RedisAccessControl:
             redis,
             self.store.space,
             usage_stream_maxlen=usage_stream_maxlen,
-            slot_ttl_s=slot_ttl_s,
+            slot_lease_s=slot_lease_s,
             timeout_s=timeout_s,
             clock=clock,
         )
+        self.keeper = Keeper(self._limiter, Spool(spool_dir))
         self._clock = clock
         self._cache: dict[str, tuple[float, Principal]] = {}
         self._lookups: dict[str, asyncio.Future[Principal]] = {}
         self._cache_s = auth_cache_s
         self._cache_size = auth_cache_size
 
-    async def aclose(self) -> None:
-        """Close the connection admission and settlement use (after the last settlement)."""
+    async def start(self) -> None:
+        """Adopt and begin replaying settlements a previous run left in the spool."""
+        await self.keeper.start()
+
+    async def aclose(self, *, grace_s: float = 5.0) -> None:
+        """After the last settlement: try to land what is pending for up to `grace_s` (what
+        is left stays spooled for the next start), then close the connection."""
+        await self.keeper.settle_all(grace_s)
+        await self.keeper.aclose()
         await self._limiter.aclose()
 
     async def authenticate(self, token: str | None) -> Principal:
@@ -104,13 +122,23 @@ class RedisAccessControl:
 
     async def admit(self, ticket: Ticket) -> Grant:
         principal = ticket.principal
-        admission = await self._limiter.admit(
-            principal.key_id,
-            principal.credential,
-            ticket.model,
-            ticket.prompt_tokens,
-            ticket.max_tokens,
-        )
+        now = self._clock()
+        token = self._limiter.token(now)
+        try:
+            admission = await self._limiter.admit(
+                token,
+                now,
+                principal.key_id,
+                principal.credential,
+                ticket.model,
+                ticket.prompt_tokens,
+                ticket.max_tokens,
+            )
+        except TRANSIENT as exc:
+            if not isinstance(exc, Unsent):  # it may have run, or may run later
+                self.keeper.abandon(token, principal.key_id)
+            raise
+        self.keeper.hold(token, principal.key_id)
         return Grant(
             ticket=ticket,
             max_tokens=admission.max_tokens,
@@ -120,11 +148,17 @@ class RedisAccessControl:
         )
 
     async def settle(self, grant: Grant, outcome: Outcome) -> None:
-        entry = usage_entry(grant, outcome, self._clock())
-        await self._limiter.settle(
-            grant.ticket.principal.key_id,
-            grant.token,
-            grant.reserved_tokens,
-            outcome.usage.total_tokens,
-            entry,
+        """Settle now, or spool and retry until Redis takes it (never charged twice)."""
+        settlement = Settlement(
+            key_id=grant.ticket.principal.key_id,
+            token=grant.token,
+            reserved=grant.reserved_tokens,
+            used=outcome.usage.total_tokens,
+            entry=usage_entry(grant, outcome, self._clock()),
         )
+        self.keeper.drop(grant.token)
+        try:
+            await self._limiter.settle(settlement)
+        except TRANSIENT as exc:
+            log.warning("settlement_deferred", error=str(exc), request_id=grant.ticket.request_id)
+            await self.keeper.defer(settlement)

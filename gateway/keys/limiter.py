@@ -11,8 +11,11 @@ can never over-admit. Rules:
     left: the tokens charged against a budget never exceed it, even when an upstream counts
     more prompt tokens than estimated (the usage record keeps the upstream's true counts).
   - RPM and TPM use fixed one-minute UTC windows; Retry-After is the time to the next window.
-  - every in-flight request holds a slot with a deadline (`slot_ttl_s`); slots (and their
-    reservations) of a replica that died are dropped once past it.
+  - every in-flight request holds a slot, a lease of `slot_lease_s` that its process renews
+    (`renew`, every live slot of the process in one call); slots (and their reservations) of a
+    replica that died or lost Redis are dropped once their lease has run out.
+  - settlement is idempotent by request token (a retry never charges twice), and an admission
+    the gateway gave up on is undone by `release`, even when Redis runs it later.
 """
 
 from __future__ import annotations
@@ -22,18 +25,23 @@ import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import AuthenticationError, PermissionDenied, QuotaExceeded, RateLimited
-from gateway.keys.script_batch import Script, ScriptBatcher
+from gateway.keys.script_batch import Arg, Script, ScriptBatcher
 from gateway.keys.store import KeySpace, lua, text
 from gateway.keys.usage import UsageEntry
 
 _WINDOW_MS = 60_000
 _DAY_SPENT_TTL_MS = 2 * 86_400_000
 _MONTH_SPENT_TTL_MS = 62 * 86_400_000
+# How long the slots, held and gone hashes outlive their last write: a spooled settlement
+# replayed within this long after its request is still recorded exactly once.
+KEEP_MS = 7 * 86_400_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +50,28 @@ class Admission:
     reserved_tokens: int
     token: str  # "{slot id}.{minute}": what settlement needs to find the reservation
     headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One request's settlement, as sent to Redis and as kept in the spool (JSON)."""
+
+    key_id: str
+    token: str
+    reserved: int
+    used: int
+    entry: UsageEntry
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Settlement:
+        return cls(**{**data, "entry": UsageEntry(**data["entry"])})
+
+
+def minute_of(token: str) -> int:
+    return int(token.rsplit(".", 1)[1])
 
 
 def _reset(ms: int) -> str:
@@ -64,17 +94,19 @@ class Limiter:
         space: KeySpace,
         *,
         usage_stream_maxlen: int,
-        slot_ttl_s: float,
+        slot_lease_s: float,
         timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._space = space
         self._maxlen = usage_stream_maxlen
-        self._slot_ttl_ms = int(slot_ttl_s * 1000)
+        self.lease_ms = int(slot_lease_s * 1000)
         self._clock = clock
         self._scripts = ScriptBatcher(redis, timeout_s=timeout_s)
         self._admit = Script.of(lua("admit.lua"))
         self._settle = Script.of(lua("settle.lua"))
+        self._release = Script.of(lua("release.lua"))
+        self._renew = Script.of(lua("renew.lua"))
         # Reservation tokens: unique across replicas (a random prefix per process) and cheap.
         self._token_prefix = secrets.token_hex(8)
         self._token_seq = itertools.count()
@@ -90,16 +122,26 @@ class Limiter:
     async def aclose(self) -> None:
         await self._scripts.aclose()
 
+    def token(self, now_s: float) -> str:
+        """A new request token, "{slot id}.{minute}", for an admission at `now_s`."""
+        minute = int(now_s * 1000) // _WINDOW_MS
+        return f"{self._token_prefix}{next(self._token_seq):x}.{minute}"
+
     async def admit(
-        self, key_id: str, digest: str, model: str, prompt_tokens: int, max_tokens: int
+        self,
+        token: str,
+        now_s: float,
+        key_id: str,
+        digest: str,
+        model: str,
+        prompt_tokens: int,
+        max_tokens: int,
     ) -> Admission:
         """Check the key as it is in Redis now (revoked, rotated, disabled, expired, model not
-        allowed), then reserve; one script call."""
-        now_s = self._clock()
+        allowed), then reserve under `token` (from `token(now_s)`); one script call."""
         now_ms = int(now_s * 1000)
-        minute = now_ms // _WINDOW_MS
+        minute = minute_of(token)
         reset_ms = (minute + 1) * _WINDOW_MS - now_ms
-        token = f"{self._token_prefix}{next(self._token_seq):x}.{minute}"
         s = self._space
         keys = [
             s.key(key_id),
@@ -108,6 +150,7 @@ class Limiter:
             s.window("rpm", key_id, minute),
             s.window("tpm", key_id, minute),
             *self._spent_keys(key_id, now_s),
+            s.gone(key_id),
         ]
         prompt, wanted = max(prompt_tokens, 0), max(max_tokens, 1)
         args: list[str | int] = [
@@ -115,10 +158,11 @@ class Limiter:
             token,
             prompt,
             wanted,
-            self._slot_ttl_ms,
+            self.lease_ms,
             reset_ms,
             digest,
             model,
+            KEEP_MS,
         ]
         result = await self._scripts.run(self._admit, keys, args)
         if result[0] == 0:
@@ -142,29 +186,31 @@ class Limiter:
                 )
             case ["3", retry_ms, limit_name, limit]:
                 raise _rate_limited(limit_name, int(limit), int(retry_ms), prompt_tokens)
+            case ["5"]:  # released after the gateway gave up on it: the client had its 503
+                raise RedisTimeoutError("This admission was abandoned and released.")
         raise AssertionError(f"unexpected admission result {result!r}")
 
-    async def settle(
-        self, key_id: str, token: str, reserved: int, used: int, entry: UsageEntry
-    ) -> int:
-        """Release the reservation, charge `used` tokens, record `entry`; the tokens charged."""
+    async def settle(self, settlement: Settlement) -> int:
+        """Release the reservation, charge the tokens used, record the usage entry; the tokens
+        charged, or -1 when this settlement had been applied before."""
         now_s = self._clock()
-        minute = int(token.rsplit(".", 1)[1])
+        key_id, token, entry = settlement.key_id, settlement.token, settlement.entry
         s = self._space
         keys = [
             s.key(key_id),
             s.slots(key_id),
             s.held(key_id),
-            s.window("tpm", key_id, minute),
+            s.window("tpm", key_id, minute_of(token)),
             *self._spent_keys(key_id, now_s),
             s.usage_day(entry.day),
             s.usage_days(),
             s.usage_log(),
+            s.gone(key_id),
         ]
         args: list[str | int | bytes] = [
             token,
-            reserved,
-            max(used, 0),
+            settlement.reserved,
+            max(settlement.used, 0),
             entry.day,
             _DAY_SPENT_TTL_MS,
             _MONTH_SPENT_TTL_MS,
@@ -176,6 +222,30 @@ class Limiter:
         for field, value in entry.record.items():
             args += (field, value)
         return int(await self._scripts.run(self._settle, keys, args))
+
+    async def release(self, key_id: str, token: str) -> bool:
+        """Undo an admission the gateway gave up on, or bar it from landing later; True when
+        one was undone."""
+        s, minute = self._space, minute_of(token)
+        keys = [
+            s.slots(key_id),
+            s.held(key_id),
+            s.window("rpm", key_id, minute),
+            s.window("tpm", key_id, minute),
+            s.gone(key_id),
+        ]
+        return bool(await self._scripts.run(self._release, keys, [token, KEEP_MS]))
+
+    async def renew(self, live: dict[str, list[str]]) -> int:
+        """Extend the leases of live requests (key id -> tokens) to a full lease from now, in
+        one call; the number of slots renewed."""
+        if not live:
+            return 0
+        keys = [self._space.slots(key_id) for key_id in live]
+        args: list[Arg] = [int(self._clock() * 1000) + self.lease_ms]
+        for tokens in live.values():
+            args += (len(tokens), *tokens)
+        return int(await self._scripts.run(self._renew, keys, args))
 
 
 def _rate_limited(name: str, limit: int, retry_ms: int, prompt_tokens: int) -> RateLimited:

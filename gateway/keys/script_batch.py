@@ -12,6 +12,8 @@ serves thousands of requests a second. Each script still runs atomically on its 
 - No reply within `timeout_s` fails every call waiting on the connection with a redis-py
   `TimeoutError` and closes it; a lost connection fails them with `ConnectionError`. The next
   call opens a new connection. Both are `RedisError`s, which the gateway answers with a 503.
+  Such a call may still have run (or may run later: a stalled Redis runs what it had read);
+  a call that never reached Redis (no connection could be opened) fails with `Unsent`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Arg = str | int | bytes
+
+
+class Unsent(RedisConnectionError):
+    """The call never reached Redis: it had no effect there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +182,7 @@ class ScriptBatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         if self._closed:
-            future.set_exception(RedisConnectionError("The script connection is closed."))
+            future.set_exception(Unsent("The script connection is closed."))
             return future
         if not self._queue:
             loop.call_soon(self._flush)
@@ -208,7 +214,7 @@ class ScriptBatcher:
             waiting, self._waiting = self._waiting, []
             channel.send(waiting)
         except BaseException as exc:
-            error = RedisConnectionError(f"Could not connect to Redis: {exc!r}")
+            error = Unsent(f"Could not connect to Redis: {exc!r}")
             waiting, self._waiting = self._waiting, []
             for call in waiting:
                 _resolve(call.future, error)

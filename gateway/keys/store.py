@@ -69,6 +69,11 @@ class KeySpace:
         """HASH: in-flight request token -> reserved tokens, and `_sum` of them."""
         return f"{self.prefix}held:{key_id}"
 
+    def gone(self, key_id: str) -> str:
+        """HASH: request token -> `void` (an admission the gateway gave up on and released) or
+        `lapsed` (a slot swept after its lease ran out, its settlement not yet recorded)."""
+        return f"{self.prefix}gone:{key_id}"
+
     def window(self, kind: str, key_id: str, minute: int) -> str:
         """Counter of requests (`rpm`) or tokens (`tpm`) in one UTC minute."""
         return f"{self.prefix}{kind}:{key_id}:{minute}"
@@ -198,7 +203,6 @@ class KeyStore:
                         raise NotFound(f"No API key with id '{key_id}'.", param="id")
                     pipe.multi()
                     pipe.delete(self.space.digest(text(hexdigest)), key)
-                    pipe.delete(self.space.slots(key_id), self.space.held(key_id))
                     pipe.delete(self.space.spent(key_id, "all"))
                     pipe.srem(self.space.ids(), key_id)
                     await pipe.execute()

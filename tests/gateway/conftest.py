@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -136,9 +138,19 @@ class PrivateRedis:
 
     def stop(self) -> None:
         if self.proc is not None:
+            self.proc.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
             self.proc.terminate()
             self.proc.wait(timeout=10)
             self.proc = None
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open and nothing is answered."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
 
 @pytest.fixture
@@ -155,6 +167,7 @@ def gateway_settings(mock: MockUpstream, prefix: str, **overrides: Any) -> Setti
     base: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": 0, "max_body_bytes": 64 * 1024},
         "redis": {"url": REDIS_URL, "embedded": False, "key_prefix": prefix},
+        "limits": {"spool_dir": Path(tempfile.gettempdir()) / f"gw-spool-{prefix.strip(':')}"},
         "logging": {"format": "json", "level": "warning"},
         "use_presets": False,
         "providers": {

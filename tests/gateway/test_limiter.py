@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -35,10 +36,15 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def access(redis: Redis, clock: Clock) -> AsyncIterator[RedisAccessControl]:
+async def access(redis: Redis, clock: Clock, tmp_path: Path) -> AsyncIterator[RedisAccessControl]:
     prefix = f"test:{uuid.uuid4().hex}:"
     access = RedisAccessControl(
-        redis, prefix=prefix, usage_stream_maxlen=3, slot_ttl_s=300, clock=clock
+        redis,
+        prefix=prefix,
+        usage_stream_maxlen=3,
+        slot_lease_s=300,
+        spool_dir=tmp_path / "spool",
+        clock=clock,
     )
     yield access
     await access.aclose()

@@ -1,15 +1,21 @@
 -- Admit one request: check the key as it is now, reserve the worst case against budget, TPM
 -- and concurrency, count it against RPM. Either everything is reserved or nothing changes.
 -- KEYS: 1 key:{id} hash, 2 slots zset, 3 held hash, 4 rpm window, 5 tpm window,
---       6 spent (all), 7 spent (day), 8 spent (month)
--- ARGV: 1 now (ms), 2 request token, 3 prompt tokens, 4 max_tokens, 5 slot ttl (ms),
---       6 ms until the current minute window resets, 7 the presented secret's digest, 8 model
+--       6 spent (all), 7 spent (day), 8 spent (month), 9 gone hash
+-- ARGV: 1 now (ms), 2 request token, 3 prompt tokens, 4 max_tokens, 5 slot lease (ms),
+--       6 ms until the current minute window resets, 7 the presented secret's digest, 8 model,
+--       9 how long the slots, held and gone hashes outlive their last write (ms)
 -- Returns {0, max_tokens granted, reserved, rpm, rpm left, tpm, tpm left} (-1: no limit),
 --   {1, why} key refused (revoked, rotated, disabled, expired), {2, budget left} over budget,
---   {3, retry ms, limit name, limit} rate limited, {4} model not allowed for this key.
+--   {3, retry ms, limit name, limit} rate limited, {4} model not allowed for this key,
+--   {5} the gateway gave up on this admission and has already released it (see release.lua).
 local now, token = tonumber(ARGV[1]), ARGV[2]
 local prompt, grant = tonumber(ARGV[3]), tonumber(ARGV[4])
-local ttl, reset = tonumber(ARGV[5]), tonumber(ARGV[6])
+local ttl, reset, keep = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[9])
+
+if redis.call('HEXISTS', KEYS[9], token) == 1 then
+  return {5}
+end
 
 local f = redis.call('HMGET', KEYS[1], 'rpm', 'tpm', 'conc', 'budget', 'period',
                      'digest', 'disabled', 'expires_ms', 'models')
@@ -27,14 +33,16 @@ if f[9] and not string.find(f[9], '\n' .. ARGV[8] .. '\n', 1, true) then
 end
 local rpm, tpm, conc, budget = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
 
--- Slots past their deadline belong to requests whose replica died: their slots and
--- reservations are dropped when they would make a difference (a refusal or a clipped
--- max_tokens) and on about one admission in 32 (so they cannot pile up), not on every one:
--- until then they only make admission stricter.
+-- Slots past their lease belong to requests whose replica died or lost Redis for longer than
+-- a lease: their slots and reservations are dropped when they would make a difference (a
+-- refusal or a clipped max_tokens) and on about one admission in 32 (so they cannot pile up),
+-- not on every one: until then they only make admission stricter. A dropped slot is noted as
+-- 'lapsed' in the gone hash, so that its settlement, if it still comes, is recorded once.
 local function sweep()  -- returns the slots dropped and the tokens they held
   local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
   local freed = 0
   for _, old in ipairs(expired) do
+    redis.call('HSET', KEYS[9], old, 'lapsed')
     local amount = redis.call('HGET', KEYS[3], old)
     if amount then
       freed = freed + tonumber(amount)
@@ -46,6 +54,7 @@ local function sweep()  -- returns the slots dropped and the tokens they held
   end
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+    redis.call('PEXPIRE', KEYS[9], keep)
   end
   return #expired, freed
 end
@@ -105,11 +114,11 @@ if conc then
 end
 
 redis.call('ZADD', KEYS[2], now + ttl, token)
-redis.call('PEXPIRE', KEYS[2], ttl)
-if budget then
+redis.call('PEXPIRE', KEYS[2], keep)
+if budget or tpm then  -- what the reservation is, for settlement and release
   redis.call('HSET', KEYS[3], token, need)
   redis.call('HINCRBY', KEYS[3], '_sum', need)
-  redis.call('PEXPIRE', KEYS[3], ttl)
+  redis.call('PEXPIRE', KEYS[3], keep)
 end
 local rpm_left, tpm_left = -1, -1
 if rpm then

@@ -1,22 +1,29 @@
 -- Settle one request: release its slot and reservation, charge what it used (never more than
 -- was reserved, never past the budget), give unused tokens back to its TPM window, and record
--- its usage (daily counters and the capped usage stream).
+-- its usage (daily counters and the capped usage stream). Idempotent by request token: a
+-- settlement applies only while its slot is held, or once after its lease lapsed and the slot
+-- was swept (noted in the gone hash); a retry of one already applied changes nothing.
 -- KEYS: 1 key:{id} hash, 2 slots zset, 3 held hash, 4 tpm window of admission,
 --       5 spent (all), 6 spent (day), 7 spent (month), 8 usage day hash, 9 usage days set,
---       10 usage stream
+--       10 usage stream, 11 gone hash
 -- ARGV: 1 request token, 2 reserved tokens, 3 used tokens (prompt + completion), 4 UTC day,
 --       5 ttl of a day's spent counter (ms), 6 ttl of a month's (ms), 7 stream maxlen,
 --       8 n, then n pairs (counter field, increment), then the stream entry's field/value pairs.
 --       (Flat rather than JSON: decoding JSON was a quarter of this script's cost.)
--- Returns the tokens charged against the budget.
+-- Returns the tokens charged against the budget, or -1 when this settlement was applied before.
 local token, reserved, used = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
-local amount = redis.call('HGET', KEYS[3], token)
-if amount then
-  redis.call('HINCRBY', KEYS[3], '_sum', -tonumber(amount))
-  redis.call('HDEL', KEYS[3], token)
+if redis.call('ZREM', KEYS[2], token) == 1 then
+  local amount = redis.call('HGET', KEYS[3], token)
+  if amount then
+    redis.call('HINCRBY', KEYS[3], '_sum', -tonumber(amount))
+    redis.call('HDEL', KEYS[3], token)
+  end
+elseif redis.call('HGET', KEYS[11], token) == 'lapsed' then
+  redis.call('HDEL', KEYS[11], token)
+else
+  return -1
 end
-redis.call('ZREM', KEYS[2], token)
 
 local charge = math.min(used, reserved)
 if redis.call('EXISTS', KEYS[4]) == 1 then
