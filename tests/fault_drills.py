@@ -45,7 +45,7 @@ class GatewayProcess:
     upstream_url: str
     model: str  # the mock scenario every request runs, e.g. "echo-chunks-20-gap-0.05"
     lease_s: float = 15.0
-    timeout_s: float = 1.0
+    timeout_s: float = 2.0
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 

@@ -65,7 +65,7 @@ async def keyed_gateway(
     url: str,
     spool_dir: Path,
     *,
-    timeout_s: float = 0.5,
+    timeout_s: float = 2.0,
     lease_s: float = 15.0,
     **limits: Any,
 ) -> AsyncIterator[Keyed]:
