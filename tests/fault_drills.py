@@ -235,6 +235,14 @@ async def recovered(
     return time.monotonic() - start, last
 
 
+async def idle(redis: Redis, key_id: str, within_s: float = 30.0) -> None:
+    """Wait until the key holds no live slot (the last request's settlement has landed)."""
+    deadline = time.monotonic() + within_s
+    while (await account(redis, key_id, 0)).live_slots:
+        assert time.monotonic() < deadline, "slots still held"
+        await asyncio.sleep(0.02)
+
+
 async def _succeeds(root: str, key: str) -> bool:
     return await request_status(root, key) == 200
 

@@ -17,6 +17,7 @@ from tests.fault_drills import (
     Load,
     account,
     create_key,
+    idle,
     recovered,
     request_status,
 )
@@ -85,6 +86,7 @@ async def test_sigkill_under_load_loses_only_the_requests_in_flight(
     await gateway.start()  # the dead process's leases (1 s) run out; the cap is free again
     _, after = await recovered(redis, key_id, served, gateway.root, load.key, may_lose=CLIENTS)
     assert after.clean(may_lose=CLIENTS), after
+    await idle(redis, key_id)  # the probe request of `recovered` has settled
     statuses = await asyncio.gather(
         *(request_status(gateway.root, load.key) for _ in range(CLIENTS))
     )
