@@ -16,6 +16,7 @@ import structlog
 from redis.asyncio import BlockingConnectionPool, Redis, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from gateway.redact import redact_url
 from gateway.settings import RedisSettings
 
 log = structlog.get_logger("gateway.redis")
@@ -105,8 +106,9 @@ async def open_redis(settings: RedisSettings) -> AsyncIterator[Redis]:
         return
     await client.aclose()
     if not settings.embedded:
-        raise RuntimeError(f"Redis at {settings.url} is unreachable and redis.embedded is false")
-    log.warning("redis_unreachable_starting_embedded", url=settings.url)
+        url = redact_url(settings.url)
+        raise RuntimeError(f"Redis at {url} is unreachable and redis.embedded is false")
+    log.warning("redis_unreachable_starting_embedded", url=redact_url(settings.url))
     async with embedded_redis(settings.data_dir) as sock:
         client = _client(settings, sock)
         if not await _reachable(client):
