@@ -57,7 +57,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             access = OpenAccess()
         app[ACCESS] = access
         providers = await stack.enter_async_context(open_providers(settings, app[METRICS]))
-        router = Router(providers, settings.models)
+        direct = {name: p.direct_models for name, p in settings.live_providers()[0].items()}
+        router = Router(providers, settings.models, direct)
         app[ROUTER] = router
         pipeline = Pipeline(router, access, app[METRICS], settings.limits.default_max_tokens)
         stack.push_async_callback(pipeline.drain)  # settle everything before Redis closes

@@ -163,17 +163,20 @@ def gateway_settings(mock: MockUpstream, prefix: str, **overrides: Any) -> Setti
                 "base_url": mock.base_url,
                 "first_byte_timeout_s": 5,
                 "idle_timeout_s": 5,
+                "direct_models": ["*"],  # the mock's model names choose its behaviour
             },
             "impatient": {
                 "kind": "openai",
                 "base_url": mock.base_url,
                 "first_byte_timeout_s": 0.3,
                 "idle_timeout_s": 0.3,
+                "direct_models": ["*"],
             },
             "refused": {
                 "kind": "openai",
                 "base_url": f"http://127.0.0.1:{closed_port()}/v1",
                 "connect_timeout_s": 1,
+                "direct_models": ["*"],
             },
         },
         "models": {
