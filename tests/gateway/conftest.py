@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 
 from gateway.app import create_app
 from gateway.appkeys import PIPELINE
+from gateway.http_server import GatewayRunner
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
 from gateway.settings import Settings
@@ -196,7 +197,7 @@ def gateway_settings(mock: MockUpstream, prefix: str, **overrides: Any) -> Setti
 
 async def start_gateway(settings: Settings) -> tuple[web.AppRunner, str]:
     app = create_app(settings)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1)
+    runner = GatewayRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1)
     await runner.setup()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
