@@ -22,7 +22,7 @@ class RawAnswer:
         return json.loads(self.body)
 
 
-def _parse(data: bytes) -> RawAnswer:
+def parse_answer(data: bytes) -> RawAnswer:
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
@@ -54,13 +54,13 @@ async def exchange(root: str, request: bytes, *, deadline_s: float = 10.0) -> Ra
         await writer.drain()
         async with asyncio.timeout(deadline_s):
             data = await reader.readuntil(b"\r\n\r\n")
-            answer = _parse(data)
+            answer = parse_answer(data)
             length = answer.headers.get("Content-Length")
             if length is not None:
                 data += await reader.readexactly(int(length))
             else:
                 data += await reader.read()
-        return _parse(data)
+        return parse_answer(data)
     finally:
         writer.close()
 
