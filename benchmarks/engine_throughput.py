@@ -235,6 +235,7 @@ async def gateway_latency(args: argparse.Namespace, checkpoint: Path) -> None:
     from redis.asyncio import Redis
 
     from gateway.app import create_app
+    from gateway.http_server import GatewayRunner
     from gateway.keys.records import KeyCreate
     from gateway.keys.store import KeyStore
     from gateway.logging import configure_logging
@@ -261,7 +262,7 @@ async def gateway_latency(args: argparse.Namespace, checkpoint: Path) -> None:
         },
     )
     configure_logging(settings.logging)
-    runner = web.AppRunner(create_app(settings), access_log=None, shutdown_timeout=1)
+    runner = GatewayRunner(create_app(settings), access_log=None, shutdown_timeout=1)
     await runner.setup()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

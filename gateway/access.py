@@ -47,6 +47,12 @@ class Ticket:
     request_id: str
     prompt_tokens: int  # estimated (a real tokenizer where the model has one)
     max_tokens: int  # the client's max_tokens, or the settings default
+    # The bounded name metrics and usage counters use for `model` (Router.label); None: `model`.
+    label: str | None = None
+
+    @property
+    def counted_model(self) -> str:
+        return self.model if self.label is None else self.label
 
 
 @dataclass(frozen=True, slots=True)

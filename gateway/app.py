@@ -16,6 +16,7 @@ from gateway.keys.access import RedisAccessControl
 from gateway.metrics import Metrics
 from gateway.middleware import add_request_id, error_middleware
 from gateway.open_access import OpenAccess
+from gateway.openapi import setup_openapi
 from gateway.pipeline import Pipeline
 from gateway.provider_factory import open_providers
 from gateway.redis_server import open_redis
@@ -35,6 +36,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_resources)
     app.add_routes(handlers.routes())
     setup_admin(app, settings)
+    setup_openapi(app)
     return app
 
 
@@ -60,7 +62,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             access = OpenAccess()
         app[ACCESS] = access
         providers = await stack.enter_async_context(open_providers(settings, app[METRICS]))
-        router = Router(providers, settings.models)
+        direct = {name: p.direct_models for name, p in settings.live_providers()[0].items()}
+        router = Router(providers, settings.models, direct)
         app[ROUTER] = router
         pipeline = Pipeline(router, access, app[METRICS], settings.limits.default_max_tokens)
         stack.push_async_callback(pipeline.drain)  # settle everything before Redis closes

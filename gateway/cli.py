@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway.admin import keys_cli
 from gateway.app import create_app
+from gateway.http_server import GatewayRunner
 from gateway.logging import configure_logging
 from gateway.settings import Settings, load_settings
 
@@ -35,7 +36,7 @@ async def run_server(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM; then stop accepting, let streams finish within the grace
     period, and close every resource."""
     app = create_app(settings)
-    runner = web.AppRunner(
+    runner = GatewayRunner(
         app,
         handle_signals=False,
         handler_cancellation=True,

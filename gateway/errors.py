@@ -1,9 +1,12 @@
 """The gateway's one exception hierarchy, rendered by the error middleware as
-`{"error": {"message", "type", "param", "code"}}` with the matching HTTP status."""
+`{"error": {"message", "type", "param", "code"}}` with the matching HTTP status. A message never
+carries a URL's credentials (an upstream's error may quote its URL): they are masked here."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from gateway.redact import redact_text
 
 
 class GatewayError(Exception):
@@ -19,6 +22,7 @@ class GatewayError(Exception):
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        message = redact_text(message)
         super().__init__(message)
         self.message = message
         self.param = param

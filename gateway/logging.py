@@ -1,5 +1,6 @@
 """structlog setup: JSON lines in production, console in development; per-request context is
-bound with `structlog.contextvars` by the middleware. Never log secrets or prompt text.
+bound with `structlog.contextvars` by the middleware. Never log secrets or prompt text; URL
+credentials are masked in every logged string.
 
 One stream: the standard library's records (the engine in `backend/` logs through `logging`,
 with its facts in `extra`) go through the same renderer, so in JSON mode every line is JSON and
@@ -14,6 +15,7 @@ from typing import TextIO
 
 import structlog
 
+from gateway.redact import redact_event
 from gateway.settings import LoggingSettings
 
 
@@ -35,7 +37,8 @@ def configure_logging(settings: LoggingSettings, stream: TextIO | None = None) -
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        # redact_event: no URL's password reaches a log line
+        processors=[*shared, structlog.processors.format_exc_info, redact_event, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
@@ -51,6 +54,7 @@ def configure_logging(settings: LoggingSettings, stream: TextIO | None = None) -
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info,
+                redact_event,
                 renderer,
             ],
         )

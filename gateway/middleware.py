@@ -12,10 +12,18 @@ import uuid
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
+from aiohttp.web_protocol import RequestPayloadError
 from redis.exceptions import RedisError
 
-from gateway.errors import GatewayError, NotFound, PayloadTooLarge, ServiceUnavailable
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+)
 
 log = structlog.get_logger("gateway.http")
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -47,16 +55,21 @@ def render(exc: GatewayError) -> web.Response:
     return _error_response(exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers)
 
 
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     incoming = request.headers.get("x-request-id", "")
-    request_id = incoming if _SAFE_ID.match(incoming) else f"req_{uuid.uuid4().hex}"
+    request_id = incoming if _SAFE_ID.match(incoming) else new_request_id()
     request[REQUEST_ID] = request_id
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id=request_id)
     started = time.perf_counter()
     status = 500
     try:
+        _refuse_declared_oversize(request)
         response = await handler(request)
         status = response.status
         return response
@@ -77,6 +90,17 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 "The gateway's state store is unavailable; try again shortly.",
                 code="state_store_unavailable",
                 headers={"Retry-After": "1"},
+            )
+        )
+    except (HttpProcessingError, RequestPayloadError):
+        # The body could not be read as sent: a bad chunk, or a Content-Encoding that does not
+        # match the bytes (gzip declared, plain text sent).
+        status = 400
+        return render(
+            InvalidRequest(
+                "The request body could not be read as sent: check that it matches its "
+                "Content-Encoding and Transfer-Encoding.",
+                code="unreadable_body",
             )
         )
     except web.HTTPRequestEntityTooLarge:
@@ -106,6 +130,17 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             path=request.path,
             status=status,
             ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+
+
+def _refuse_declared_oversize(request: web.Request) -> None:
+    """413 by the declared Content-Length, before a byte of the body is awaited (a client that
+    declares 10 GiB and sends nothing gets its answer at once, not a hang)."""
+    declared = request.content_length
+    if declared is not None and declared > request.client_max_size:
+        raise PayloadTooLarge(
+            f"The request body ({declared} bytes) is larger than the gateway's limit of "
+            f"{request.client_max_size} bytes."
         )
 
 

@@ -154,6 +154,7 @@ class Pipeline:
             request_id=chat.request_id,
             prompt_tokens=count_prompt_tokens(routes[0].provider, chat),
             max_tokens=chat.sampling.max_tokens or self.default_max_tokens,
+            label=self.router.label(public_model),
         )
         grant = await self._admit(ticket, wire)
         sampling = replace(chat.sampling, max_tokens=grant.max_tokens)
@@ -163,7 +164,7 @@ class Pipeline:
         route: Route | None = None
         self.metrics.in_flight.inc()
         try:
-            route, events = await self._open(routes, chat, sampling, tally)
+            route, events = await self._open(routes, chat, sampling, tally, ticket.counted_model)
             structlog.contextvars.bind_contextvars(
                 provider=route.provider_name, route_model=route.model
             )
@@ -205,7 +206,12 @@ class Pipeline:
         self._track(self._settle(admission.result(), gone, wire))
 
     async def _open(
-        self, routes: tuple[Route, ...], chat: ChatRequest, sampling: Sampling, tally: _Tally
+        self,
+        routes: tuple[Route, ...],
+        chat: ChatRequest,
+        sampling: Sampling,
+        tally: _Tally,
+        label: str,
     ) -> tuple[Route, AsyncGenerator[Event, None]]:
         """Start the first route that answers; fall back while nothing was sent to the client."""
         failure: perr.ProviderError | None = None
@@ -224,7 +230,7 @@ class Pipeline:
             except perr.ProviderError as exc:
                 await events.aclose()
                 exc.provider = exc.provider or route.provider_name
-                self.metrics.errors.labels(chat.model, route.provider_name, exc.code).inc()
+                self.metrics.errors.labels(label, route.provider_name, exc.code).inc()
                 log.warning(
                     "route_failed", provider=route.provider_name, code=exc.code, error=exc.message
                 )
@@ -325,7 +331,7 @@ class Pipeline:
         )
 
     async def _settle(self, grant: Grant, outcome: Outcome, wire: Wire) -> None:
-        model = grant.ticket.model
+        model = grant.ticket.counted_model
         m = self.metrics
         m.requests.labels(wire.endpoint, model, outcome.provider, str(outcome.status)).inc()
         m.latency.labels(wire.endpoint, model).observe(outcome.latency_ms / 1000)

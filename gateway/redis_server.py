@@ -23,6 +23,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import BusyLoadingError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from gateway.redact import redact_url
 from gateway.settings import RedisSettings
 
 log = structlog.get_logger("gateway.redis")
@@ -186,8 +187,9 @@ async def open_redis(settings: RedisSettings) -> AsyncIterator[Redis]:
         return
     await client.aclose()
     if not settings.embedded:
-        raise RedisNotReady(f"Redis at {settings.url} is unreachable and redis.embedded is false")
-    log.warning("redis_unreachable_starting_embedded", url=settings.url)
+        url = redact_url(settings.url)
+        raise RedisNotReady(f"Redis at {url} is unreachable and redis.embedded is false")
+    log.warning("redis_unreachable_starting_embedded", url=redact_url(settings.url))
     async with embedded_redis(settings) as sock:
         client = _client(settings, sock)
         try:

@@ -2,7 +2,12 @@
 
 A client asks for a public model id. Configured models map to their routes in order (the next one
 is tried when a route fails before the first byte reached the client). `provider/model` addresses
-a live provider's model directly, e.g. `deepseek/deepseek-chat`.
+a live provider's model directly, e.g. `deepseek/deepseek-chat`, only where that provider's
+`direct_models` allows the model (a name or a glob pattern such as `deepseek-*`).
+
+Metrics and usage counters name a model by `label`: a configured model id, or for a direct
+address the `provider/pattern` that allowed it, so clients cannot create series or usage fields
+by inventing names.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from gateway.errors import NotFound
 from gateway.settings import ModelSettings
@@ -31,8 +37,16 @@ class Route:
 
 
 class Router:
-    def __init__(self, providers: Mapping[str, Provider], models: Mapping[str, ModelSettings]):
+    def __init__(
+        self,
+        providers: Mapping[str, Provider],
+        models: Mapping[str, ModelSettings],
+        direct: Mapping[str, tuple[str, ...]] | None = None,
+    ):
+        """`direct`: per provider, the names or glob patterns of its models that clients may
+        address as `provider/model` (none where a provider is absent)."""
         self.providers = dict(providers)
+        self._direct = {name: tuple(p) for name, p in (direct or {}).items() if p}
         self._created = int(time.time())  # what /v1/models reports as each model's `created`
         self._routes: dict[str, tuple[Route, ...]] = {}
         self._owners: dict[str, str] = {}
@@ -50,8 +64,8 @@ class Router:
         routes = self._routes.get(model)
         if routes:
             return routes
-        provider_name, sep, upstream_model = model.partition("/")
-        if sep and upstream_model and provider_name in self.providers:
+        if self._direct_pattern(model) is not None:
+            provider_name, _, upstream_model = model.partition("/")
             return (Route(self.providers[provider_name], upstream_model, None),)
         raise NotFound(
             f"The model '{model}' does not exist or is not served by this gateway. "
@@ -59,6 +73,25 @@ class Router:
             param="model",
             code="model_not_found",
         )
+
+    def _direct_pattern(self, model: str) -> str | None:
+        """The `direct_models` pattern that lets `provider/model` through, if any."""
+        provider_name, sep, upstream_model = model.partition("/")
+        if not sep or not upstream_model or provider_name not in self.providers:
+            return None
+        for pattern in self._direct.get(provider_name, ()):
+            if fnmatchcase(upstream_model, pattern):
+                return pattern
+        return None
+
+    def label(self, model: str) -> str:
+        """The bounded name `model` is counted under in metrics and usage (see the module)."""
+        if model in self._routes:
+            return model
+        pattern = self._direct_pattern(model)
+        if pattern is not None:
+            return f"{model.partition('/')[0]}/{pattern}"
+        return "other"
 
     def cards(self) -> list[ModelCard]:
         """The public model list (configured models; direct provider/model ids are not listed)."""

@@ -93,6 +93,9 @@ class ProviderSettings(BaseModel):
     idle_timeout_s: float = Field(default=120.0, gt=0)
     max_connections: int = Field(default=256, gt=0)
     headers: dict[str, str] = Field(default_factory=dict)
+    # Provider-side model names or glob patterns (`deepseek-*`, `*`) that clients may address
+    # directly as `<provider>/<model>`; empty: only the configured models reach this provider.
+    direct_models: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _check(self) -> ProviderSettings:
@@ -157,16 +160,23 @@ class EngineSettings(BaseModel):
 # Built-in upstreams, enabled only when their key is in the environment.
 PRESETS: dict[str, ProviderSettings] = {
     "taotoken": ProviderSettings(
-        kind="openai", base_url="https://taotoken.net/api/v1", api_key_env="TAOTOKEN_API_KEY"
+        kind="openai",
+        base_url="https://taotoken.net/api/v1",
+        api_key_env="TAOTOKEN_API_KEY",
+        direct_models=("*",),  # a model marketplace: it checks the names itself
     ),
     "deepseek": ProviderSettings(
-        kind="openai", base_url="https://api.deepseek.com/v1", api_key_env="DEEPSEEK_API_KEY"
+        kind="openai",
+        base_url="https://api.deepseek.com/v1",
+        api_key_env="DEEPSEEK_API_KEY",
+        direct_models=("deepseek-*",),
     ),
     "openai": ProviderSettings(
         kind="openai",
         base_url="https://api.openai.com/v1",
         api_key_env="OPENAI_API_KEY",
         thinking_style="reasoning_effort",
+        direct_models=("gpt-*", "o[0-9]*", "chatgpt-*"),
     ),
 }
 

@@ -73,7 +73,8 @@ def _authorize(admin_key: SecretStr | None) -> Middleware:
                 code="admin_disabled",
             )
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+        presented = token.strip().encode("utf-8", "surrogateescape")  # any bytes the client sent
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented, expected):
             raise AuthenticationError("Invalid admin key.", code="invalid_admin_key")
         return await handler(request)
 

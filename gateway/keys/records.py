@@ -33,10 +33,15 @@ _Models = Annotated[list[_Model], Field(max_length=1000)]
 
 
 def as_utc(value: datetime) -> datetime:
-    """An aware datetime in UTC (a naive one is taken to be UTC)."""
+    """An aware datetime in UTC (a naive one is taken to be UTC). A moment whose UTC time falls
+    outside years 1 to 9999 (`0001-01-01T00:00:00+14:00`) is a ValueError, which pydantic
+    reports as a validation error naming the field."""
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the date is out of range once converted to UTC") from None
 
 
 class KeyLimits(BaseModel):

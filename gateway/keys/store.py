@@ -39,7 +39,9 @@ def text(value: bytes | str) -> str:
 
 
 def digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+    # surrogateescape: a header's bytes that are not UTF-8 arrive as lone surrogates; they
+    # hash like any other text (and match no key) instead of failing to encode.
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def new_secret() -> str:

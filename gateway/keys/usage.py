@@ -55,7 +55,8 @@ def usage_entry(grant: Grant, outcome: Outcome, now: float) -> UsageEntry:
         "errors": int(failed),
     }
     prefix = ticket.principal.key_id
-    counters = {f"{prefix}|{name}|{ticket.model}": value for name, value in values.items() if value}
+    model = ticket.counted_model
+    counters = {f"{prefix}|{name}|{model}": value for name, value in values.items() if value}
     thinking = {None: "", True: "on", False: "off"}[outcome.thinking]
     record = {
         "ts": moment.isoformat(),

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequest
+from gateway.wire.bounds import OutputTokens, Seed, TopK
 from providers.types import ChatRequest, Message, Sampling, Tool, ToolCall
 
 _IGNORE = ConfigDict(extra="ignore")
@@ -72,13 +73,13 @@ class _CommonBody(BaseModel):
     model: str = Field(min_length=1)
     stream: bool = False
     stream_options: _StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: OutputTokens | None = None
     n: int = Field(default=1, ge=1, le=128)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: Unit | None = None
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: TopK | None = None
     min_p: Unit | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
@@ -91,7 +92,7 @@ class _CommonBody(BaseModel):
 
 class ChatBody(_CommonBody):
     messages: list[_MessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: OutputTokens | None = None
     tools: list[_ToolIn] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -25,6 +25,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import InvalidRequest
+from gateway.wire.bounds import OutputTokens
 from gateway.wire.chat_request import validate_body
 from providers.types import ChatRequest, Message, Role, Sampling, Tool, ToolCall
 
@@ -78,7 +79,7 @@ class ResponsesBody(BaseModel):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     reasoning: _Reasoning | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: OutputTokens | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     stream: bool = False

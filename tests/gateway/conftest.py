@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 
 from gateway.app import create_app
 from gateway.appkeys import PIPELINE
+from gateway.http_server import GatewayRunner
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
 from gateway.settings import Settings
@@ -176,17 +177,20 @@ def gateway_settings(mock: MockUpstream, prefix: str, **overrides: Any) -> Setti
                 "base_url": mock.base_url,
                 "first_byte_timeout_s": 5,
                 "idle_timeout_s": 5,
+                "direct_models": ["*"],  # the mock's model names choose its behaviour
             },
             "impatient": {
                 "kind": "openai",
                 "base_url": mock.base_url,
                 "first_byte_timeout_s": 0.3,
                 "idle_timeout_s": 0.3,
+                "direct_models": ["*"],
             },
             "refused": {
                 "kind": "openai",
                 "base_url": f"http://127.0.0.1:{closed_port()}/v1",
                 "connect_timeout_s": 1,
+                "direct_models": ["*"],
             },
         },
         "models": {
@@ -206,7 +210,7 @@ def gateway_settings(mock: MockUpstream, prefix: str, **overrides: Any) -> Setti
 
 async def start_gateway(settings: Settings) -> tuple[web.AppRunner, str]:
     app = create_app(settings)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1)
+    runner = GatewayRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1)
     await runner.setup()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -49,6 +49,7 @@ format = "json"
 [providers.mock]
 kind = "openai"
 base_url = "{mock_upstream.base_url}"
+direct_models = ["*"]
 """
     )
     port = closed_port()  # the --port flag beats the file

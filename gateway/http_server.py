@@ -1,0 +1,108 @@
+"""The HTTP server runner: aiohttp's, with parser-level errors answered in the API's shape.
+
+Requests that aiohttp's HTTP parser rejects (a garbage request line, an unknown method, an
+oversized header or URL, a NUL in a header, conflicting Content-Length / Transfer-Encoding, a bad
+chunk size) never reach the application or its middleware: aiohttp answers them itself from
+`RequestHandler.handle_error`, as plain text. `GatewayRunner` serves the app with a handler whose
+`handle_error` renders the same answers as OpenAI error JSON with an `x-request-id`, through the
+middleware's one renderer. The connection is closed after such an answer, as aiohttp does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from aiohttp import web
+from aiohttp.http_exceptions import (
+    BadHttpMethod,
+    BadStatusLine,
+    ContentLengthError,
+    HttpProcessingError,
+    InvalidHeader,
+    InvalidURLError,
+    LineTooLong,
+    TransferEncodingError,
+)
+from aiohttp.web_protocol import RequestHandler
+
+from gateway.errors import GatewayError, GatewayTimeout, InvalidRequest
+from gateway.middleware import new_request_id, render
+
+log = structlog.get_logger("gateway.http")
+
+# What went wrong, in the client's terms (the parser's own text may quote whole header lines).
+_Kinds = type[HttpProcessingError] | tuple[type[HttpProcessingError], ...]
+_REASONS: tuple[tuple[_Kinds, str], ...] = (
+    (LineTooLong, "The request line or a header line is longer than the gateway accepts."),
+    (InvalidHeader, "A request header is malformed."),
+    (BadHttpMethod, "The request's HTTP method is not valid."),
+    (BadStatusLine, "The HTTP request line is malformed."),
+    (InvalidURLError, "The request URL is malformed."),
+    (
+        (TransferEncodingError, ContentLengthError),
+        "The request's Content-Length or Transfer-Encoding is invalid, or they conflict.",
+    ),
+)
+
+
+def parser_error(status: int, exc: BaseException | None) -> GatewayError:
+    """The gateway error standing for an answer aiohttp would give on its own."""
+    if status == 504:
+        return GatewayTimeout("The request took too long to handle.", code="handler_timeout")
+    if status >= 500:
+        error = GatewayError("Internal server error.", code="internal_error")
+        error.status = status
+        return error
+    reason = "The HTTP request is malformed."
+    for kinds, text in _REASONS:
+        if isinstance(exc, kinds):
+            reason = text
+            break
+    error = InvalidRequest(reason, code="malformed_http_request")
+    error.status = status
+    return error
+
+
+class _ShapedErrorHandler(RequestHandler):
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            # Part of an answer is out already: aiohttp then drops the connection.
+            raise ConnectionError("the response had started; the connection is broken")
+        request_id = new_request_id()
+        log.warning(
+            "http_error_before_app",
+            request_id=request_id,
+            status=status,
+            error=type(exc).__name__ if exc is not None else None,
+        )
+        response = render(parser_error(status, exc))
+        response.headers["x-request-id"] = request_id
+        response.force_close()
+        return response
+
+
+class _ShapedErrorServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _ShapedErrorHandler(self, loop=self._loop, **self._kwargs)
+
+
+class GatewayRunner(web.AppRunner):
+    """`web.AppRunner` whose connections answer parser-level errors as OpenAI error JSON."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        return _ShapedErrorServer(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            **server._kwargs,
+        )
