@@ -378,6 +378,17 @@ async def test_failure_mid_stream_is_response_failed(gateway: Gateway) -> None:
     assert not [k for k in kinds if k.endswith(".done")], kinds
 
 
+async def test_sdk_sees_no_partial_item_done_before_response_failed(gateway: Gateway) -> None:
+    client = gateway.async_client()
+    stream = await client.responses.create(
+        model="mock/die-midstream-after-2", input=WORDS, stream=True
+    )
+    events = [event async for event in stream]
+    assert not [e for e in events if e.type == "response.output_item.done"]
+    assert events[-1].type == "response.failed"
+    assert [item.status for item in events[-1].response.output] == ["incomplete"]
+
+
 async def test_failure_before_the_stream_is_an_http_error(gateway: Gateway) -> None:
     raw = await gateway.post_raw(
         {"model": "mock/fail-500", "input": "hi", "stream": True}, path="/v1/responses"
