@@ -53,7 +53,8 @@ def _tool_dict(tool: Tool) -> dict[str, Any]:
 
 
 class LocalProvider:
-    """The Provider (and exact TokenCounter) for an in-process AsyncEngine.
+    """The Provider (and exact TokenCounter) for an in-process AsyncEngine; its `context_length`
+    bounds what a request without max_tokens may produce (gateway/output_limits.py).
 
     `model_id`: the one model this provider lists; a request's model name is not checked (routes
     name the provider-side model). Sampling values the request leaves unset are filled by the
