@@ -12,11 +12,13 @@ from gateway import handlers
 from gateway.access import AccessControl
 from gateway.admin.api import setup_admin
 from gateway.appkeys import ACCESS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS
+from gateway.keepalive import KeepAlive
 from gateway.keys.access import RedisAccessControl
 from gateway.metrics import Metrics
 from gateway.middleware import add_request_id, error_middleware
 from gateway.open_access import OpenAccess
 from gateway.openapi import setup_openapi
+from gateway.output_limits import OutputLimits
 from gateway.pipeline import Pipeline
 from gateway.provider_factory import open_providers
 from gateway.redis_server import open_redis
@@ -65,7 +67,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         direct = {name: p.direct_models for name, p in settings.live_providers()[0].items()}
         router = Router(providers, settings.models, direct)
         app[ROUTER] = router
-        pipeline = Pipeline(router, access, app[METRICS], settings.limits.default_max_tokens)
+        limits = OutputLimits(settings.models, settings.limits.default_max_tokens)
+        keepalive = KeepAlive(settings.server.stream_headers_after_s, settings.server.keepalive_s)
+        pipeline = Pipeline(router, access, app[METRICS], limits, keepalive)
         stack.push_async_callback(pipeline.drain)  # settle everything before Redis closes
         app[PIPELINE] = pipeline
         log.info("gateway_ready", models=[c.id for c in router.cards()])

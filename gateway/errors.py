@@ -1,12 +1,14 @@
 """The gateway's one exception hierarchy, rendered by the error middleware as
-`{"error": {"message", "type", "param", "code"}}` with the matching HTTP status. A message never
-carries a URL's credentials (an upstream's error may quote its URL): they are masked here."""
+`{"error": {"message", "type", "param", "code"}}` with the matching HTTP status, and how a
+provider's failure maps into it (`provider_error_to_gateway`). A message never carries a URL's
+credentials (an upstream's error may quote its URL): they are masked here."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gateway.redact import redact_text
+from providers import errors as perr
 
 
 class GatewayError(Exception):
@@ -112,3 +114,21 @@ class GatewayTimeout(GatewayError):
     status = 504
     type = "api_error"
     code = "upstream_timeout"
+
+
+def provider_error_to_gateway(exc: perr.ProviderError) -> GatewayError:
+    """Map a provider failure to what the client sees: its status, and its message as is (a
+    provider's message names it and is meant for the client; `detail` stays in the logs)."""
+    message = exc.message
+    if isinstance(exc, perr.UpstreamRateLimited):
+        return RateLimited(message, retry_after=exc.retry_after or 1, code="upstream_rate_limited")
+    if isinstance(exc, perr.Overloaded):
+        retry = str(exc.retry_after or 1)
+        return ServiceUnavailable(message, code="overloaded", headers={"Retry-After": retry})
+    if isinstance(exc, perr.InvalidRequest):
+        return InvalidRequest(message, param=exc.param)
+    if isinstance(exc, perr.UpstreamBadRequest):
+        return InvalidRequest(message, code="upstream_bad_request")
+    if isinstance(exc, perr.UpstreamTimeout):
+        return GatewayTimeout(message)
+    return UpstreamError(message, code=exc.code)

@@ -3,7 +3,8 @@
 One `Pipeline` per app. `serve` answers one chat or completions request, streaming frame by
 frame or as one JSON body, and settles usage from a `finally` whatever happened (success, provider
 error, client disconnect). Settlement runs beside the response rather than before it; `drain`
-waits for it (the app does on shutdown, so nothing is lost).
+waits for it (the app does on shutdown, so nothing is lost). A stream is kept alive while it has
+nothing to say (gateway/keepalive.py); routes fall back for as long as no token was sent.
 """
 
 from __future__ import annotations
@@ -12,24 +13,20 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 from aiohttp import web
 
 from gateway.access import AccessControl, Grant, Outcome, Principal, Ticket, require_model
-from gateway.errors import (
-    GatewayError,
-    GatewayTimeout,
-    InvalidRequest,
-    RateLimited,
-    ServiceUnavailable,
-    UpstreamError,
-)
+from gateway.errors import GatewayError, provider_error_to_gateway
+from gateway.keepalive import KeepAlive, KeptAliveStream
 from gateway.metrics import Metrics
 from gateway.middleware import REQUEST_ID
+from gateway.output_limits import OutputLimits
 from gateway.routing import Route, Router
 from gateway.tokens import count_prompt_tokens
+from gateway.wire.base import Wire
 from providers import errors as perr
 from providers import jsoncodec
 from providers.types import (
@@ -47,68 +44,12 @@ from providers.types import (
 log = structlog.get_logger("gateway.pipeline")
 
 
-class StreamEncoder(Protocol):
-    @property
-    def usage(self) -> Usage | None: ...
-    def start(self) -> bytes: ...
-    def encode(self, event: Event) -> bytes | None: ...
-    def close(self, finish: FinishReason | None = None) -> list[bytes]: ...
-    def fail(self, error: GatewayError) -> bytes:
-        """The frame that reports a failure after the stream started (instead of `close`)."""
-        ...
-
-
-class Aggregator(Protocol):
-    usage: Usage
-
-    def add(self, event: Event) -> None: ...
-    def body(self, completion_id: str, model: str) -> dict[str, Any]: ...
-
-
-class Wire(Protocol):
-    """How one front-end protocol shapes its answer."""
-
-    endpoint: str
-    id_prefix: str
-    include_usage: bool
-
-    def stream_encoder(self, completion_id: str, model: str) -> StreamEncoder: ...
-    def aggregator(self) -> Aggregator: ...
-
-
-def provider_error_to_gateway(exc: perr.ProviderError) -> GatewayError:
-    """Map a provider failure to what the client sees."""
-    name = exc.provider or "upstream"
-    if isinstance(exc, perr.UpstreamRateLimited):
-        return RateLimited(
-            f"Provider '{name}' is rate limiting: {exc.message}",
-            retry_after=exc.retry_after or 1,
-            code="upstream_rate_limited",
-        )
-    if isinstance(exc, perr.Overloaded):
-        retry = str(exc.retry_after or 1)
-        return ServiceUnavailable(exc.message, code="overloaded", headers={"Retry-After": retry})
-    if isinstance(exc, perr.InvalidRequest):
-        return InvalidRequest(exc.message, param=exc.param)
-    if isinstance(exc, perr.UpstreamBadRequest):
-        return InvalidRequest(
-            f"Provider '{name}' rejected the request: {exc.message}", code="upstream_bad_request"
-        )
-    if isinstance(exc, perr.UpstreamTimeout):
-        return GatewayTimeout(f"Provider '{name}' timed out: {exc.message}")
-    if isinstance(exc, perr.UpstreamAuthError):
-        return UpstreamError(
-            f"Provider '{name}' rejected the gateway's credentials; check its API key "
-            "configuration.",
-            code="upstream_auth_failed",
-        )
-    return UpstreamError(f"Provider '{name}' failed: {exc.message}", code=exc.code)
-
-
 @dataclass(slots=True)
 class _Tally:
-    """What the client has been sent so far, for settlement when no Usage arrives."""
+    """What the client has been sent so far, for settlement when no Usage arrives, and the
+    route that answered (None until one did)."""
 
+    route: Route | None = None
     deltas: int = 0
     first_at: float | None = None
     usage: Usage | None = None
@@ -128,12 +69,18 @@ class _Tally:
 
 class Pipeline:
     def __init__(
-        self, router: Router, access: AccessControl, metrics: Metrics, default_max_tokens: int
+        self,
+        router: Router,
+        access: AccessControl,
+        metrics: Metrics,
+        limits: OutputLimits,
+        keepalive: KeepAlive | None = None,
     ) -> None:
         self.router = router
         self.access = access
         self.metrics = metrics
-        self.default_max_tokens = default_max_tokens
+        self.limits = limits
+        self.keepalive = keepalive or KeepAlive()
         self._settling: set[asyncio.Task[None]] = set()
 
     async def drain(self) -> None:
@@ -148,28 +95,26 @@ class Pipeline:
         routes = self.router.resolve(public_model)
         require_model(principal, public_model)
         structlog.contextvars.bind_contextvars(key_id=principal.key_id, model=public_model)
+        prompt_tokens = count_prompt_tokens(routes[0].provider, chat)
+        output = self.limits.plan(public_model, routes, prompt_tokens, chat.sampling.max_tokens)
         ticket = Ticket(
             principal=principal,
             model=public_model,
             request_id=chat.request_id,
-            prompt_tokens=count_prompt_tokens(routes[0].provider, chat),
-            max_tokens=chat.sampling.max_tokens or self.default_max_tokens,
+            prompt_tokens=prompt_tokens,
+            max_tokens=output.reserve,
             label=self.router.label(public_model),
         )
         grant = await self._admit(ticket, wire)
-        sampling = replace(chat.sampling, max_tokens=grant.max_tokens)
+        sampling = replace(chat.sampling, max_tokens=output.upstream(grant.max_tokens))
         started = time.perf_counter()
         tally = _Tally()
         status, error_code = 200, None
-        route: Route | None = None
         self.metrics.in_flight.inc()
         try:
-            route, events = await self._open(routes, chat, sampling, tally, ticket.counted_model)
-            structlog.contextvars.bind_contextvars(
-                provider=route.provider_name, route_model=route.model
-            )
             if chat.stream:
-                return await self._stream(request, wire, grant, public_model, events, tally)
+                return await self._stream(request, wire, grant, routes, chat, sampling, tally)
+            events = await self._open(routes, chat, sampling, tally, ticket.counted_model)
             return await self._json(wire, grant, public_model, events, tally)
         except GatewayError as exc:
             status, error_code = exc.status, exc.code
@@ -179,7 +124,7 @@ class Pipeline:
             raise
         finally:
             self.metrics.in_flight.dec()
-            outcome = self._outcome(ticket, tally, route, chat, started, status, error_code)
+            outcome = self._outcome(ticket, tally, chat, started, status, error_code)
             # Settled in a task of its own: the client's answer does not wait for the
             # bookkeeping, a cancelled handler cannot lose it, and `drain` awaits it on shutdown.
             self._track(self._settle(grant, outcome, wire))
@@ -212,8 +157,9 @@ class Pipeline:
         sampling: Sampling,
         tally: _Tally,
         label: str,
-    ) -> tuple[Route, AsyncGenerator[Event, None]]:
-        """Start the first route that answers; fall back while nothing was sent to the client."""
+    ) -> AsyncGenerator[Event, None]:
+        """Start the first route that answers (recorded in `tally`); fall back while nothing
+        but keep-alives was sent to the client. `label` names the model in metrics."""
         failure: perr.ProviderError | None = None
         for route in routes:
             req = replace(
@@ -226,13 +172,18 @@ class Pipeline:
             try:
                 first = await anext(events)
             except StopAsyncIteration:
-                return route, _empty()
+                self._opened(route, tally)
+                return _empty()
             except perr.ProviderError as exc:
                 await events.aclose()
                 exc.provider = exc.provider or route.provider_name
                 self.metrics.errors.labels(label, route.provider_name, exc.code).inc()
                 log.warning(
-                    "route_failed", provider=route.provider_name, code=exc.code, error=exc.message
+                    "route_failed",
+                    provider=route.provider_name,
+                    code=exc.code,
+                    error=exc.message,
+                    detail=exc.detail,
                 )
                 if not exc.retryable:
                     raise provider_error_to_gateway(exc) from None
@@ -241,18 +192,27 @@ class Pipeline:
             except BaseException:
                 await events.aclose()
                 raise
+            self._opened(route, tally)
             tally.see(first)
-            return route, _prepend(first, events, tally)
+            return _prepend(first, events, tally)
         assert failure is not None
         raise provider_error_to_gateway(failure)
+
+    @staticmethod
+    def _opened(route: Route, tally: _Tally) -> None:
+        tally.route = route
+        structlog.contextvars.bind_contextvars(
+            provider=route.provider_name, route_model=route.model
+        )
 
     async def _stream(
         self,
         request: web.Request,
         wire: Wire,
         grant: Grant,
-        model: str,
-        events: AsyncGenerator[Event, None],
+        routes: tuple[Route, ...],
+        chat: ChatRequest,
+        sampling: Sampling,
         tally: _Tally,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
@@ -263,24 +223,33 @@ class Pipeline:
                 "X-Accel-Buffering": "no",
             }
         )
-        await resp.prepare(request)
-        encoder = wire.stream_encoder(wire.id_prefix + request[REQUEST_ID], model)
-        await resp.write(encoder.start())
+        encoder = wire.stream_encoder(wire.id_prefix + request[REQUEST_ID], chat.model)
+        stream = KeptAliveStream(request, resp, encoder, self.keepalive)
+        events: AsyncGenerator[Event, None] | None = None
         try:
+            events = await self._open(routes, chat, sampling, tally, grant.ticket.counted_model)
+            await stream.open()
             async for event in events:
                 frame = encoder.encode(event)
                 if frame is not None:
-                    await resp.write(frame)
-        except perr.ProviderError as exc:
-            exc.provider = exc.provider or "upstream"
-            err = provider_error_to_gateway(exc)
-            log.warning("stream_failed", code=err.code, error=err.message)
+                    await stream.write(frame)
+            await stream.write(b"".join(encoder.close()))
+        except (perr.ProviderError, GatewayError) as exc:
+            # Every route failed, or the answer broke off: once the headers are out, the error
+            # can only be reported in the stream, in the protocol's own way, and it is recorded
+            # as what it was, not as the 200 the headers said.
+            err = exc if isinstance(exc, GatewayError) else provider_error_to_gateway(exc)
+            if not stream.committed:
+                raise err from None
+            detail = exc.detail if isinstance(exc, perr.ProviderError) else ""
+            log.warning("stream_failed", code=err.code, error=err.message, detail=detail)
+            await stream.open()
+            await stream.write(encoder.fail(err))
             tally.finish, tally.failure = None, err
-            await resp.write(encoder.fail(err))
-            return resp
         finally:
-            await events.aclose()
-        await resp.write(b"".join(encoder.close()))
+            await stream.close()
+            if events is not None:
+                await events.aclose()
         return resp
 
     async def _json(
@@ -307,7 +276,6 @@ class Pipeline:
         self,
         ticket: Ticket,
         tally: _Tally,
-        route: Route | None,
         chat: ChatRequest,
         started: float,
         status: int,
@@ -319,6 +287,7 @@ class Pipeline:
         ttft = (tally.first_at - started) * 1000 if tally.first_at is not None else None
         if tally.failure is not None and status == 200:  # recorded as what it was, not a 200
             status, error_code = tally.failure.status, tally.failure.code
+        route = tally.route
         return Outcome(
             usage=usage,
             status=status,

@@ -28,8 +28,13 @@ class ServerSettings(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535)
     grace_period_s: float = Field(default=10.0, ge=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
-    # Seconds between SSE keep-alive comments while a stream waits for its first event.
-    keepalive_s: float = Field(default=15.0, gt=0)
+    # A stream that has no first event after this many seconds gets its headers (and opening
+    # frames) at once; before that a failing route falls back unseen and an error keeps its
+    # HTTP status, after it errors arrive in the stream (route fallback still works).
+    stream_headers_after_s: float = Field(default=2.0, gt=0)
+    # A stream silent for this many seconds gets a keep-alive frame (an SSE comment; a
+    # `response.in_progress` event on /v1/responses). Keep it below clients' read timeouts.
+    keepalive_s: float = Field(default=5.0, gt=0)
 
 
 class RedisSettings(BaseModel):
@@ -66,7 +71,8 @@ class AuthSettings(BaseModel):
 
 class LimitSettings(BaseModel):
     model_config = _FROZEN
-    # Reserved completion tokens for a request that sets no max_tokens.
+    # Completion tokens reserved for a request that sets no max_tokens, on a model whose output
+    # limit is unknown (no `max_output_tokens`, no local engine). Never sent upstream as a cap.
     default_max_tokens: int = Field(default=4096, gt=0)
     usage_stream_maxlen: int = Field(default=1_000_000, gt=0)
     # A request's concurrency slot and reservation are a lease of this many seconds, renewed
@@ -120,6 +126,13 @@ class ModelSettings(BaseModel):
     model_config = _FROZEN
     routes: tuple[RouteSettings, ...]
     owned_by: str = "gateway"
+    # The most tokens the model can produce in one answer (reasoning included): what a request
+    # without max_tokens reserves. Unset: a local engine's context length minus the prompt,
+    # else limits.default_max_tokens.
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    # A cap sent upstream for requests that set no max_tokens. Unset: none is sent, and the
+    # answer may run to the model's own limit.
+    default_max_tokens: int | None = Field(default=None, gt=0)
 
     @field_validator("routes")
     @classmethod
@@ -127,6 +140,13 @@ class ModelSettings(BaseModel):
         if not v:
             raise ValueError("a model needs at least one route")
         return v
+
+    @model_validator(mode="after")
+    def _cap_within_limit(self) -> ModelSettings:
+        limit, cap = self.max_output_tokens, self.default_max_tokens
+        if limit is not None and cap is not None and cap > limit:
+            raise ValueError(f"default_max_tokens {cap} exceeds max_output_tokens {limit}")
+        return self
 
 
 class EngineSettings(BaseModel):

@@ -1,6 +1,9 @@
 """Errors a provider raises. The gateway maps them to HTTP statuses and OpenAI error JSON.
 
-`retryable` says whether the router may try the next route (only before any byte reached the
+`message` is what the client is told: one sentence in the user's terms that names the provider
+once (`Provider 'deepseek' ...`) and is passed through unchanged. `detail` is for the logs only
+(the library's exception, a malformed frame): never sent to the client.
+`retryable` says whether the router may try the next route (only before any token reached the
 client). `retry_after` is in whole seconds when the upstream told us.
 """
 
@@ -21,9 +24,11 @@ class ProviderError(Exception):
         provider: str = "",
         retry_after: int | None = None,
         upstream_status: int | None = None,
+        detail: str = "",
     ) -> None:
         super().__init__(message)
         self.message = message
+        self.detail = detail
         self.provider = provider
         self.retry_after = retry_after
         self.upstream_status = upstream_status

@@ -53,7 +53,8 @@ def _tool_dict(tool: Tool) -> dict[str, Any]:
 
 
 class LocalProvider:
-    """The Provider (and exact TokenCounter) for an in-process AsyncEngine.
+    """The Provider (and exact TokenCounter) for an in-process AsyncEngine; its `context_length`
+    bounds what a request without max_tokens may produce (gateway/output_limits.py).
 
     `model_id`: the one model this provider lists; a request's model name is not checked (routes
     name the provider-side model). Sampling values the request leaves unset are filled by the
@@ -71,6 +72,11 @@ class LocalProvider:
         self._engine = engine
         self._tokenizer = tokenizer
         self._model_id = model_id
+
+    @property
+    def context_length(self) -> int:
+        """The most tokens of prompt and output together that one request may hold."""
+        return self._engine.max_model_len
 
     def count_prompt_tokens(self, request: ChatRequest) -> int:
         """Exact prompt length as `chat` will encode it; 0 for a request `chat` will refuse
@@ -110,19 +116,32 @@ class LocalProvider:
                     break
         except EngineOverloaded as exc:
             raise Overloaded(
-                f"The local engine is at capacity: {exc}",
+                "The local engine is at capacity; try again shortly.",
                 provider=self.name,
                 retry_after=max(1, math.ceil(exc.retry_after_s)),
+                detail=str(exc),
             ) from None
         except ValueError as exc:  # PromptTooLong, or token ids the model cannot read
             param = "messages" if prompt.parse else "prompt"
             raise InvalidRequest(str(exc), provider=self.name, param=param) from None
-        except (EngineClosed, EngineError) as exc:
-            raise UpstreamUnavailable(str(exc), provider=self.name) from None
+        except EngineClosed as exc:
+            raise UpstreamUnavailable(
+                "The local engine is shutting down.", provider=self.name, detail=str(exc)
+            ) from None
+        except EngineError as exc:
+            raise UpstreamUnavailable(
+                "The local engine failed while answering.",
+                provider=self.name,
+                detail=f"{exc}: {exc.__cause__!r}",
+            ) from None
         finally:
             await outputs.aclose()  # aborts the engine request unless it finished
         if engine_reason not in ("stop", "length"):
-            raise UpstreamUnavailable("the local engine aborted the request", provider=self.name)
+            raise UpstreamUnavailable(
+                "The local engine stopped the answer before the end.",
+                provider=self.name,
+                detail=f"engine finish reason {engine_reason!r}",
+            )
         for event in translator.finish():
             yield event
         yield Usage(

@@ -90,7 +90,9 @@ class OpenAIUpstream:
 
     def _open_session(self) -> aiohttp.ClientSession:
         if self._closed:
-            raise UpstreamUnavailable(f"provider {self.name!r} is closed", provider=self.name)
+            raise UpstreamUnavailable(
+                f"Provider '{self.name}' is shutting down.", provider=self.name
+            )
         if self._session is None:
             config = self._config
             headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
@@ -184,17 +186,21 @@ class OpenAIUpstream:
             data = frame.data
             if data == "[DONE]":
                 return True
-            if frame.event == "error":
-                raise UpstreamUnavailable(
-                    f"provider {self.name!r} failed mid-stream: {data[:500]}", provider=self.name
-                )
             try:
                 chunk = jsoncodec.loads(data)
             except ValueError:
                 chunk = None
+            if frame.event == "error":
+                raise UpstreamUnavailable(
+                    f"Provider '{self.name}' reported an error while answering: "
+                    + _clip(error_message(chunk) if chunk is not None else data),
+                    provider=self.name,
+                )
             if not isinstance(chunk, dict):
                 raise UpstreamUnavailable(
-                    f"provider {self.name!r} sent a malformed stream chunk", provider=self.name
+                    f"Provider '{self.name}' sent a stream the gateway could not read.",
+                    provider=self.name,
+                    detail=f"malformed chunk: {data[:200]!r}",
                 )
             decoder.feed(chunk, out)
         return False
@@ -212,7 +218,9 @@ class OpenAIUpstream:
             raise self._timeout("first byte") from None
         except aiohttp.ClientError as exc:
             raise UpstreamUnavailable(
-                f"provider {self.name!r} is unreachable: {exc}", provider=self.name
+                f"Provider '{self.name}' could not be reached.",
+                provider=self.name,
+                detail=_describe(exc),
             ) from exc
 
     async def _read_json(self, resp: aiohttp.ClientResponse, deadline: float) -> dict[str, Any]:
@@ -229,8 +237,9 @@ class OpenAIUpstream:
             payload = None
         if not isinstance(payload, dict):
             raise UpstreamUnavailable(
-                f"provider {self.name!r} answered with a body that is not a JSON object",
+                f"Provider '{self.name}' sent an answer the gateway could not read.",
                 provider=self.name,
+                detail=f"not a JSON object: {raw[:200]!r}",
             )
         return payload
 
@@ -244,12 +253,21 @@ class OpenAIUpstream:
         return http_error(self.name, resp.status, message, resp.headers.get("Retry-After"))
 
     def _timeout(self, what: str) -> UpstreamTimeout:
-        return UpstreamTimeout(f"provider {self.name!r} timed out ({what})", provider=self.name)
+        config, who = self._config, f"Provider '{self.name}'"
+        message = {
+            "connect": f"{who} could not be connected to within {config.connect_timeout_s:g} s.",
+            "first byte": f"{who} did not start its answer within "
+            f"{config.first_byte_timeout_s:g} s (first byte timeout).",
+            "idle": f"{who} went silent for {config.idle_timeout_s:g} s in the middle of its "
+            "answer (idle timeout).",
+        }.get(what, f"{who} did not answer in time ({what}).")
+        return UpstreamTimeout(message, provider=self.name)
 
     def _broken(self, exc: BaseException | None) -> UpstreamUnavailable:
-        detail = f": {exc}" if exc is not None else ""
         return UpstreamUnavailable(
-            f"provider {self.name!r} broke off the stream{detail}", provider=self.name
+            f"Provider '{self.name}' broke off its answer before the end.",
+            provider=self.name,
+            detail=_describe(exc) if exc is not None else "the body ended without [DONE]",
         )
 
     async def models(self) -> list[ModelCard]:
@@ -268,7 +286,9 @@ class OpenAIUpstream:
             raise self._timeout("models") from None
         except (aiohttp.ClientError, ValueError) as exc:
             raise UpstreamUnavailable(
-                f"provider {self.name!r} could not list models: {exc}", provider=self.name
+                f"Provider '{self.name}' could not list its models.",
+                provider=self.name,
+                detail=_describe(exc),
             ) from exc
         return [
             ModelCard(str(m["id"]), str(m.get("owned_by") or self.name), int(m.get("created") or 0))
@@ -293,21 +313,42 @@ def http_error(provider: str, status: int, message: str, retry_after: str | None
     """The ProviderError for an upstream HTTP error status."""
     seconds = parse_retry_after(retry_after)
     common: dict[str, Any] = {"provider": provider, "upstream_status": status}
+    who, said = f"Provider '{provider}'", _clip(message)
     if status in (401, 403):
         return UpstreamAuthError(
-            f"provider {provider!r} rejected the gateway's credentials (HTTP {status})", **common
+            f"{who} rejected the gateway's own credentials (HTTP {status}); the gateway's "
+            "operator needs to fix its API key.",
+            detail=said,
+            **common,
         )
     if status == 429:
         return UpstreamRateLimited(
-            f"provider {provider!r} is rate limiting: {message}", retry_after=seconds, **common
+            f"{who} is rate limiting the gateway" + (f": {said}" if said else "."),
+            retry_after=seconds,
+            **common,
         )
     if status in (408, 504):
-        return UpstreamTimeout(f"provider {provider!r} timed out (HTTP {status})", **common)
+        return UpstreamTimeout(f"{who} timed out (HTTP {status}).", detail=said, **common)
     if status in (400, 404, 413, 422):
-        return UpstreamBadRequest(message or f"HTTP {status}", **common)
+        return UpstreamBadRequest(
+            f"{who} rejected the request: {said or f'HTTP {status}'}", **common
+        )
     return UpstreamUnavailable(
-        f"provider {provider!r} failed (HTTP {status}): {message}", retry_after=seconds, **common
+        f"{who} failed with HTTP {status}" + (f": {said}" if said else "."),
+        retry_after=seconds,
+        **common,
     )
+
+
+def _clip(message: str, limit: int = 300) -> str:
+    """An upstream's own message, trimmed for the client."""
+    message = message.strip()
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def _describe(exc: BaseException) -> str:
+    """A library exception, for the logs."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def parse_retry_after(value: str | None) -> int | None:

@@ -191,7 +191,8 @@ class ChunkDecoder:
         if chunk.get("error"):
             message = error_message(chunk)
             raise UpstreamUnavailable(
-                f"provider {self.provider!r} failed mid-stream: {message}", provider=self.provider
+                f"Provider '{self.provider}' reported an error while answering: {message}",
+                provider=self.provider,
             )
         choices = chunk.get("choices")
         if choices:

@@ -24,6 +24,7 @@ from providers.types import (
 )
 
 DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients skip it, their read timers restart
 
 
 def sse(obj: dict[str, Any]) -> bytes:
@@ -88,8 +89,11 @@ class ChatStreamEncoder:
         return sse({**self._head, "choices": [choice]})
 
     def start(self) -> bytes:
-        """The first chunk: role only (sent as soon as the provider answered)."""
+        """The first chunk: role only (sent with the headers)."""
         return self._chunk({"content": ""})
+
+    def keepalive(self) -> bytes:
+        return KEEPALIVE
 
     def encode(self, event: Event) -> bytes | None:
         if isinstance(event, TextDelta):

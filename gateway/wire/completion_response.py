@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.wire.chat_response import sse, stream_tail, usage_json
+from gateway.wire.chat_response import KEEPALIVE, sse, stream_tail, usage_json
 from providers.types import Event, Finish, FinishReason, TextDelta, Usage
 
 
@@ -38,6 +38,9 @@ class CompletionStreamEncoder:
     def start(self) -> bytes:
         text, self._echo = self._echo, ""
         return self._chunk(text)
+
+    def keepalive(self) -> bytes:
+        return KEEPALIVE
 
     def encode(self, event: Event) -> bytes | None:
         if isinstance(event, TextDelta):

@@ -6,7 +6,10 @@ output item `response.output_item.added` before any of its deltas (a message als
 `response.output_item.done` with the full item; last `response.completed` with the full response
 and usage (status "incomplete" with `incomplete_details` when the output was cut short). Every
 event carries `type` and an increasing `sequence_number`; frames are
-`event: <type>\\ndata: <json>\\n\\n`. A failure after the stream started is `response.failed`.
+`event: <type>\\ndata: <json>\\n\\n`. A failure after the stream started is `response.failed`:
+items still open then get no `.done` events (Codex would keep a partial message as finished and
+resend it on every retry) and stand in the failed response with status "incomplete". A long
+silence gets another `response.in_progress` (Codex's idle timer restarts only on events).
 
 Output items: reasoning (`summary` text and, for the next turn, the whole reasoning in
 `encrypted_content`), message (one output_text part), function_call (`call_id` is the provider's
@@ -120,8 +123,11 @@ class ResponseBuilder:
         self.finish = finish or self.finish
         return self._close_open(self.final_status())
 
-    def fail(self) -> list[dict[str, Any]]:
-        return self._close_open("incomplete")
+    def fail(self) -> None:
+        """Open items end "incomplete", with no done events: they are not finished items."""
+        for item in self._open:
+            item.status = "incomplete"
+        self._open = []
 
     def final_status(self) -> str:
         """The response's status: cut short (length, content_filter) or not."""
@@ -312,6 +318,10 @@ class ResponsesStreamEncoder:
             ]
         )
 
+    def keepalive(self) -> bytes:
+        response = self._builder.response(self._head, "in_progress")
+        return self._frames([{"type": "response.in_progress", "response": response}])
+
     def encode(self, event: Event) -> bytes | None:
         return self._frames(self._builder.feed(event)) or None
 
@@ -322,11 +332,10 @@ class ResponsesStreamEncoder:
         return [self._frames(events)]
 
     def fail(self, error: GatewayError) -> bytes:
-        events = self._builder.fail()
+        self._builder.fail()
         response = self._builder.response(self._head, "failed")
         response["error"] = {"code": error.code or error.type, "message": error.message}
-        events.append({"type": "response.failed", "response": response})
-        return self._frames(events)
+        return self._frames([{"type": "response.failed", "response": response}])
 
 
 class ResponsesAggregator:

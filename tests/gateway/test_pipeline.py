@@ -7,6 +7,7 @@ import contextlib
 
 from gateway.access import Grant, Outcome, Principal, Ticket
 from gateway.metrics import Metrics
+from gateway.output_limits import OutputLimits
 from gateway.pipeline import Pipeline
 from gateway.routing import Router
 from gateway.wire.chat_response import ChatWire
@@ -32,7 +33,7 @@ class GatedAccess:
 
 async def test_a_client_leaving_during_admission_gets_its_reservation_released() -> None:
     access = GatedAccess()
-    pipeline = Pipeline(Router({}, {}), access, Metrics(), default_max_tokens=100)
+    pipeline = Pipeline(Router({}, {}), access, Metrics(), OutputLimits({}, fallback=100))
     ticket = Ticket(Principal("k", "n"), "m", "req-1", prompt_tokens=2, max_tokens=40)
     waiting = asyncio.ensure_future(pipeline._admit(ticket, ChatWire(include_usage=False)))
     await asyncio.sleep(0)

@@ -54,7 +54,8 @@ def sse_events(raw: bytes) -> list[dict[str, Any]]:
 
 
 def check_stream(events: list[dict[str, Any]], last: str = "response.completed") -> dict[str, Any]:
-    """Asserts Codex's ordering rules; returns the final response object."""
+    """Asserts Codex's ordering rules; returns the final response object. A failed response
+    presents no partial item as done: items left open stand in its output as "incomplete"."""
     assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
     assert events[0]["response"]["status"] == "in_progress"
     assert events[-1]["type"] == last
@@ -81,9 +82,14 @@ def check_stream(events: list[dict[str, Any]], last: str = "response.completed")
             assert event["item"]["id"] not in parts_open, "content_part.done must come first"
             done[event["item"]["id"]] = event
         assert kind not in ("response.completed", "response.failed")
-    assert added.keys() == done.keys()
+    finished = [item for item in final["output"] if item["id"] in done]
+    if last == "response.failed":
+        assert done.keys() <= added.keys()
+        assert all(i["status"] == "incomplete" for i in final["output"] if i["id"] not in done)
+    else:
+        assert added.keys() == done.keys() and finished == final["output"]
     assert [done[i]["item"] for i in sorted(done, key=lambda i: done[i]["output_index"])] == (
-        final["output"]
+        finished
     )
     return final
 
@@ -366,7 +372,21 @@ async def test_failure_mid_stream_is_response_failed(gateway: Gateway) -> None:
     assert final["error"]["code"] and final["error"]["message"]
     assert final["output"][0]["status"] == "incomplete"
     assert final["output"][0]["content"][0]["text"] == "alpha beta "
-    assert "response.completed" not in [e["type"] for e in events]
+    kinds = [e["type"] for e in events]
+    assert "response.completed" not in kinds
+    # Codex keeps every item it saw done, and resends it on each retry: a partial answer is not.
+    assert not [k for k in kinds if k.endswith(".done")], kinds
+
+
+async def test_sdk_sees_no_partial_item_done_before_response_failed(gateway: Gateway) -> None:
+    client = gateway.async_client()
+    stream = await client.responses.create(
+        model="mock/die-midstream-after-2", input=WORDS, stream=True
+    )
+    events = [event async for event in stream]
+    assert not [e for e in events if e.type == "response.output_item.done"]
+    assert events[-1].type == "response.failed"
+    assert [item.status for item in events[-1].response.output] == ["incomplete"]
 
 
 async def test_failure_before_the_stream_is_an_http_error(gateway: Gateway) -> None:

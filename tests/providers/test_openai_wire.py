@@ -311,7 +311,7 @@ def test_usage_fields() -> None:
 
 
 def test_error_chunk_raises() -> None:
-    with pytest.raises(UpstreamUnavailable, match="'p' failed mid-stream: overloaded"):
+    with pytest.raises(UpstreamUnavailable, match="reported an error while answering: overloaded"):
         decode({"error": {"message": "overloaded", "type": "server_error"}})
 
 

@@ -1,0 +1,136 @@
+"""An SSE response kept alive while it has nothing to say.
+
+Clients give up on a stream that sends nothing for longer than their read timeout
+(openai-python's `timeout`, Codex's stream idle timeout), and a first token may take minutes (a
+thinking model, a queued local engine), as may a long silence later on (reasoning that is not
+streamed). So a `KeptAliveStream`:
+- sends nothing for `headers_after_s`: inside that window a failing route falls back unseen
+  and a request that cannot be served still gets its HTTP error status;
+- then sends the headers and the encoder's opening frames (`start`), whether or not the first
+  event has come, and from then on
+- writes the encoder's `keepalive` frame whenever nothing was written for `interval_s`. Each
+  protocol supplies its own frame: an SSE comment for chat and completions, a
+  `response.in_progress` event for Responses (Codex resets its idle timer only on events).
+
+One timer per stream does it; a frame written costs one clock read. A keep-alive frame is
+encoded and handed to the transport in one step of a task of its own, so frames (and a
+protocol's sequence numbers) stay in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+from aiohttp import web
+
+log = structlog.get_logger("gateway.keepalive")
+
+
+class KeepAliveEncoder(Protocol):
+    def start(self) -> bytes:
+        """The frames that open the stream."""
+        ...
+
+    def keepalive(self) -> bytes:
+        """A frame that tells the client the answer is still coming (changes nothing else)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAlive:
+    headers_after_s: float = 2.0
+    interval_s: float = 5.0
+
+
+class KeptAliveStream:
+    """Wraps one prepared-on-demand `StreamResponse`. Call `open` before the first frame (it
+    is a no-op when the timer already opened the stream), write frames with `write`, and
+    `close` once in a `finally`."""
+
+    def __init__(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        encoder: KeepAliveEncoder,
+        timing: KeepAlive,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._request = request
+        self._response = response
+        self._encoder = encoder
+        self._interval = timing.interval_s
+        self._last = self._loop.time()
+        self._committed = False  # the headers are sent or being sent
+        self._opened = False  # the headers and opening frames are written
+        self._task: asyncio.Task[None] | None = None  # the timer's opening or keep-alive write
+        self._broken: Exception | None = None  # why the timer could not open the stream
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(
+            timing.headers_after_s, self._tick
+        )
+
+    @property
+    def committed(self) -> bool:
+        """Whether the status line is out: an error can then only be reported in the stream."""
+        return self._committed
+
+    async def open(self) -> None:
+        """Send the headers and opening frames, unless the timer did (or is doing) it."""
+        if not self._committed:
+            self._committed = True
+            await self._open()
+        elif not self._opened and self._task is not None:
+            await self._task
+            if self._broken is not None:
+                raise self._broken
+
+    def write(self, frame: bytes) -> Awaitable[None]:
+        """Write one frame (a plain method returning the write: no coroutine of its own)."""
+        self._last = self._loop.time()
+        return self._response.write(frame)
+
+    async def close(self) -> None:
+        """Stop the timer and any keep-alive write in flight (the stream is over)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+
+    async def _open(self) -> None:
+        self._last = self._loop.time()
+        await self._response.prepare(self._request)
+        await self._response.write(self._encoder.start())
+        self._opened = True
+
+    def _tick(self) -> None:
+        if self._broken is not None:
+            return  # the client is gone; its handler is being cancelled
+        delay = self._interval
+        if not self._committed:
+            self._committed = True
+            self._task = self._loop.create_task(self._open_quietly())
+        elif self._opened and (self._task is None or self._task.done()):
+            idle = self._loop.time() - self._last
+            if idle >= self._interval:
+                self._task = self._loop.create_task(self._beat())
+            else:
+                delay = self._interval - idle
+        self._timer = self._loop.call_later(delay, self._tick)
+
+    async def _open_quietly(self) -> None:
+        try:
+            await self._open()
+        except Exception as exc:  # the client left; `open` re-raises it to the handler
+            self._broken = exc
+
+    async def _beat(self) -> None:
+        try:
+            await self.write(self._encoder.keepalive())
+        except Exception as exc:  # the client left: its handler is being cancelled
+            log.debug("keepalive_failed", error=repr(exc))
