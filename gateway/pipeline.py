@@ -1,4 +1,5 @@
-"""The request path after parsing: route -> admit -> provider (with fallback) -> encode -> settle.
+"""The request path after parsing: prepare -> route -> admit -> provider (with fallback) ->
+encode -> settle.
 
 One `Pipeline` per app. `serve` answers one chat or completions request, streaming frame by
 frame or as one JSON body, and settles usage from a `finally` whatever happened (success, provider
@@ -11,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
 
-from gateway.access import AccessControl, Grant, Outcome, Principal, Ticket, require_model
+from gateway.access import AccessControl, Grant, Outcome, Principal, Ticket
 from gateway.errors import (
     GatewayError,
     GatewayTimeout,
@@ -26,21 +27,24 @@ from gateway.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
+from gateway.event_tally import Tally, empty, prepend, without_reasoning
 from gateway.metrics import Metrics
 from gateway.middleware import REQUEST_ID
 from gateway.routing import Route, Router
-from gateway.tokens import count_prompt_tokens
+from gateway.routing.breaker import Breakers
+from gateway.routing.decide import Decider, Decision
+from gateway.routing.explain import ROUTE, explain
+from gateway.routing.plan import RoutePlanner
+from gateway.settings import BreakerSettings, RoutingSettings
+from gateway.tokens import prompt_tokens
 from providers import errors as perr
 from providers import jsoncodec
 from providers.types import (
     ChatRequest,
     Event,
-    Finish,
     FinishReason,
     ReasoningDelta,
     Sampling,
-    TextDelta,
-    ToolCallDelta,
     Usage,
 )
 
@@ -105,31 +109,24 @@ def provider_error_to_gateway(exc: perr.ProviderError) -> GatewayError:
     return UpstreamError(f"Provider '{name}' failed: {exc.message}", code=exc.code)
 
 
-@dataclass(slots=True)
-class _Tally:
-    """What the client has been sent so far, for settlement when no Usage arrives."""
-
-    deltas: int = 0
-    first_at: float | None = None
-    usage: Usage | None = None
-    finish: FinishReason | None = None
-
-    def see(self, event: Event) -> None:
-        if isinstance(event, TextDelta | ReasoningDelta | ToolCallDelta):
-            self.deltas += 1
-            if self.first_at is None:
-                self.first_at = time.perf_counter()
-        elif isinstance(event, Usage):
-            self.usage = event
-        elif isinstance(event, Finish):
-            self.finish = event.reason
-
-
 class Pipeline:
     def __init__(
-        self, router: Router, access: AccessControl, metrics: Metrics, default_max_tokens: int
+        self,
+        router: Router,
+        access: AccessControl,
+        metrics: Metrics,
+        default_max_tokens: int,
+        *,
+        planner: RoutePlanner | None = None,
+        breakers: Breakers | None = None,
     ) -> None:
+        """`planner` and `breakers` default to static routing (default settings, no
+        stickiness) and no breakers."""
         self.router = router
+        self.planner = planner or RoutePlanner(
+            router, Decider(RoutingSettings(), frozenset(), {}, None), metrics
+        )
+        self.breakers = breakers or Breakers((), BreakerSettings())
         self.access = access
         self.metrics = metrics
         self.default_max_tokens = default_max_tokens
@@ -143,29 +140,37 @@ class Pipeline:
     async def serve(
         self, request: web.Request, principal: Principal, chat: ChatRequest, wire: Wire
     ) -> web.StreamResponse:
-        public_model = chat.model
-        routes = self.router.resolve(public_model)
-        require_model(principal, public_model)
+        try:
+            public_model, chat, decision = await self.planner.plan(
+                principal, chat, wire.endpoint.split(".")[0]
+            )
+        except perr.ProviderError as exc:  # the prompt could not be prepared
+            raise provider_error_to_gateway(exc) from None
         structlog.contextvars.bind_contextvars(key_id=principal.key_id, model=public_model)
         ticket = Ticket(
             principal=principal,
             model=public_model,
             request_id=chat.request_id,
-            prompt_tokens=count_prompt_tokens(routes[0].provider, chat),
+            prompt_tokens=prompt_tokens(chat),
             max_tokens=chat.sampling.max_tokens or self.default_max_tokens,
         )
         grant = await self._admit(ticket, wire)
-        sampling = replace(chat.sampling, max_tokens=grant.max_tokens)
+        sampling = replace(
+            chat.sampling,
+            max_tokens=grant.max_tokens,
+            max_reasoning_tokens=principal.policy.max_reasoning_tokens,
+        )
         started = time.perf_counter()
-        tally = _Tally()
+        tally = Tally()
         status, error_code = 200, None
         route: Route | None = None
         self.metrics.in_flight.inc()
         try:
-            route, events = await self._open(routes, chat, sampling, tally)
+            route, events = await self._open(request, decision, chat, sampling, tally)
             structlog.contextvars.bind_contextvars(
                 provider=route.provider_name, route_model=route.model
             )
+            self.planner.count(decision, route)
             if chat.stream:
                 return await self._stream(request, wire, grant, public_model, events, tally)
             return await self._json(wire, grant, public_model, events, tally)
@@ -177,7 +182,11 @@ class Pipeline:
             raise
         finally:
             self.metrics.in_flight.dec()
-            outcome = self._outcome(ticket, tally, route, chat, started, status, error_code)
+            if route is not None and tally.failed:
+                self.breakers.failure(route.provider_name)
+            outcome = self._outcome(
+                ticket, tally, route, decision, request.get(ROUTE, ""), started, status, error_code
+            )
             # Settled in a task of its own: the client's answer does not wait for the
             # bookkeeping, a cancelled handler cannot lose it, and `drain` awaits it on shutdown.
             self._track(self._settle(grant, outcome, wire))
@@ -204,40 +213,64 @@ class Pipeline:
         self._track(self._settle(admission.result(), gone, wire))
 
     async def _open(
-        self, routes: tuple[Route, ...], chat: ChatRequest, sampling: Sampling, tally: _Tally
+        self,
+        request: web.Request,
+        decision: Decision,
+        chat: ChatRequest,
+        sampling: Sampling,
+        tally: Tally,
     ) -> tuple[Route, AsyncGenerator[Event, None]]:
-        """Start the first route that answers; fall back while nothing was sent to the client."""
+        """Start the first route that answers; fall back while nothing was sent to the client.
+        A route whose provider's breaker is open is skipped at once."""
         failure: perr.ProviderError | None = None
-        for route in routes:
+        skipped: list[str] = []
+        drop_reasoning = decision.reason == "policy:off"
+        for route in decision.routes:
+            name = route.provider_name
+            if not self.breakers.allow(name):
+                skipped.append(name)
+                continue
+            request[ROUTE] = explain(decision, route, skipped)
             req = replace(
-                chat,
-                model=route.model,
-                thinking=route.thinking_for(chat.thinking),
-                sampling=sampling,
+                chat, model=route.model, thinking=decision.thinking_for(route), sampling=sampling
             )
             events = route.provider.chat(req)
             try:
                 first = await anext(events)
             except StopAsyncIteration:
-                return route, _empty()
+                self.breakers.success(name)
+                return route, empty()
             except perr.ProviderError as exc:
                 await events.aclose()
-                exc.provider = exc.provider or route.provider_name
-                self.metrics.errors.labels(chat.model, route.provider_name, exc.code).inc()
-                log.warning(
-                    "route_failed", provider=route.provider_name, code=exc.code, error=exc.message
-                )
+                exc.provider = exc.provider or name
+                self.metrics.errors.labels(chat.model, name, exc.code).inc()
+                log.warning("route_failed", provider=name, code=exc.code, error=exc.message)
                 if not exc.retryable:
+                    self.breakers.success(name)  # it answered: the request was at fault
                     raise provider_error_to_gateway(exc) from None
+                self.breakers.failure(name)
                 failure = exc
                 continue
             except BaseException:
                 await events.aclose()
                 raise
+            self.breakers.success(name)
+            if drop_reasoning and isinstance(first, ReasoningDelta):
+                events = without_reasoning(events)
+                return route, prepend(None, events, tally)
             tally.see(first)
-            return route, _prepend(first, events, tally)
-        assert failure is not None
-        raise provider_error_to_gateway(failure)
+            if drop_reasoning:
+                events = without_reasoning(events)
+            return route, prepend(first, events, tally)
+        if failure is not None:
+            raise provider_error_to_gateway(failure)
+        request[ROUTE] = explain(decision, decision.routes[0], skipped)
+        retry = max(1, round(self.breakers.retry_after_s(skipped)))
+        raise ServiceUnavailable(
+            f"Every provider that serves the model '{chat.model}' is failing; retry in {retry} s.",
+            code="providers_unavailable",
+            headers={"Retry-After": str(retry)},
+        )
 
     async def _stream(
         self,
@@ -246,7 +279,7 @@ class Pipeline:
         grant: Grant,
         model: str,
         events: AsyncGenerator[Event, None],
-        tally: _Tally,
+        tally: Tally,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
             headers={
@@ -270,6 +303,7 @@ class Pipeline:
             log.warning("stream_failed", code=err.code, error=err.message)
             await resp.write(encoder.fail(err))
             tally.finish = None
+            tally.failed = exc.retryable
             return resp
         finally:
             await events.aclose()
@@ -282,13 +316,14 @@ class Pipeline:
         grant: Grant,
         model: str,
         events: AsyncGenerator[Event, None],
-        tally: _Tally,
+        tally: Tally,
     ) -> web.Response:
         agg = wire.aggregator()
         try:
             async for event in events:
                 agg.add(event)
         except perr.ProviderError as exc:
+            tally.failed = exc.retryable
             raise provider_error_to_gateway(exc) from None
         finally:
             await events.aclose()
@@ -299,9 +334,10 @@ class Pipeline:
     def _outcome(
         self,
         ticket: Ticket,
-        tally: _Tally,
+        tally: Tally,
         route: Route | None,
-        chat: ChatRequest,
+        decision: Decision,
+        route_header: str,
         started: float,
         status: int,
         error_code: str | None,
@@ -315,10 +351,12 @@ class Pipeline:
             status=status,
             provider=route.provider_name if route else "",
             route_model=route.model if route else "",
-            thinking=route.thinking_for(chat.thinking) if route else chat.thinking,
+            thinking=decision.thinking_for(route) if route else decision.thinking,
             latency_ms=(time.perf_counter() - started) * 1000,
             ttft_ms=ttft,
             error_code=error_code,
+            route_reason=decision.reason_for(route) if route else decision.reason,
+            route=route_header,
         )
 
     async def _settle(self, grant: Grant, outcome: Outcome, wire: Wire) -> None:
@@ -336,20 +374,3 @@ class Pipeline:
             await self.access.settle(grant, outcome)
         except Exception:
             log.exception("settle_failed", request_id=grant.ticket.request_id)
-
-
-async def _empty() -> AsyncGenerator[Event, None]:
-    return
-    yield
-
-
-async def _prepend(
-    first: Event, rest: AsyncGenerator[Event, None], tally: _Tally
-) -> AsyncGenerator[Event, None]:
-    try:
-        yield first
-        async for event in rest:
-            tally.see(event)
-            yield event
-    finally:
-        await rest.aclose()

@@ -2,8 +2,9 @@
 
 Exact where the serving provider prepared the prompt (the local engine tokenizes it once, off
 the event loop, and the ids travel with the request). Otherwise the documented estimate is one
-token per 3 characters of text (byte-level BPE tokenizers average 3.5-4.5 characters per English token and about 1 per CJK character,
-so this errs high for English and is near for code) plus 4 tokens of framing per message.
+token per 3 characters of text (byte-level BPE tokenizers average 3.5-4.5 characters per
+English token and about 1 per CJK character, so this errs high for English and is near for
+code) plus 4 tokens of framing per message.
 """
 
 from __future__ import annotations

@@ -194,6 +194,7 @@ class LocalProvider:
     def _params(self, request: ChatRequest, prompt: PreparedPrompt) -> SamplingParams:
         s = request.sampling
         budget = s.max_reasoning_tokens if prompt.opens_reasoning else None
+        think_end = None if budget is None else self._tokenizer.special.think_end
         try:
             params = SamplingParams(
                 temperature=s.temperature,
@@ -209,7 +210,7 @@ class LocalProvider:
                 logprobs=s.logprobs,
                 top_logprobs=s.top_logprobs or 0,
                 max_reasoning_tokens=budget,
-                reasoning_end_token_id=None if budget is None else self._tokenizer.special.think_end,
+                reasoning_end_token_id=think_end,
             )
         except ValueError as exc:
             raise InvalidRequest(str(exc), provider=self.name) from None

@@ -15,6 +15,7 @@ from gateway.errors import AuthenticationError
 from gateway.keys.limiter import Limiter
 from gateway.keys.store import SECRET_PREFIX, KeyStore, digest
 from gateway.keys.usage import usage_entry
+from gateway.routing.policy import DEFAULT_POLICY
 
 
 class RedisAccessControl:
@@ -96,7 +97,8 @@ class RedisAccessControl:
         if record.is_expired(datetime.fromtimestamp(self._clock(), UTC)):
             raise AuthenticationError("This API key has expired.")
         models = None if record.models is None else frozenset(record.models)
-        principal = Principal(record.id, record.name, models, credential=hexdigest)
+        policy = DEFAULT_POLICY if record.policy is None else record.policy.policy()
+        principal = Principal(record.id, record.name, models, hexdigest, policy)
         if len(self._cache) >= self._cache_size:
             self._cache.clear()
         self._cache[hexdigest] = (time.monotonic() + self._cache_s, principal)

@@ -2,7 +2,8 @@
 
 A client asks for a public model id. Configured models map to their routes in order (the next one
 is tried when a route fails before the first byte reached the client). `provider/model` addresses
-a live provider's model directly, e.g. `deepseek/deepseek-chat`.
+a live provider's model directly, e.g. `deepseek/deepseek-chat`. Each configured model has a
+routing mode (static, auto, shadow: see gateway/routing/decide.py); direct addressing is static.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.errors import NotFound
-from gateway.settings import ModelSettings
+from gateway.settings import ModelSettings, RoutingMode
 from providers.base import ModelCard, Provider
 
 
@@ -36,6 +37,7 @@ class Router:
         self._created = int(time.time())  # what /v1/models reports as each model's `created`
         self._routes: dict[str, tuple[Route, ...]] = {}
         self._owners: dict[str, str] = {}
+        self._modes: dict[str, RoutingMode] = {}
         for model_id, model in models.items():
             routes = tuple(
                 Route(self.providers[r.provider], r.model, r.thinking)
@@ -45,6 +47,7 @@ class Router:
             if routes:
                 self._routes[model_id] = routes
                 self._owners[model_id] = model.owned_by
+                self._modes[model_id] = model.routing
 
     def resolve(self, model: str) -> tuple[Route, ...]:
         routes = self._routes.get(model)
@@ -59,6 +62,9 @@ class Router:
             param="model",
             code="model_not_found",
         )
+
+    def mode(self, model: str) -> RoutingMode:
+        return self._modes.get(model, "static")
 
     def cards(self) -> list[ModelCard]:
         """The public model list (configured models; direct provider/model ids are not listed)."""
