@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -129,6 +130,7 @@ async def chat(client: openai.AsyncOpenAI, model: str, text: str, **kw: Any) -> 
 
 async def until(predicate: Any, within_s: float = 10.0) -> None:
     """Wait for `predicate()` (an awaitable factory) to be true, with a deadline."""
-    async with asyncio.timeout(within_s):
-        while not await predicate():
-            await asyncio.sleep(0.02)
+    deadline = time.monotonic() + within_s
+    while not await predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
