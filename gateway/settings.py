@@ -185,27 +185,28 @@ class ScorerSettings(BaseModel):
     goes on at `threshold` and above. Signals are described in gateway/routing/signals.py."""
 
     model_config = _FROZEN
-    threshold: float = Field(default=0.5, ge=0, le=1)
-    bias: float = -1.65
+    # Fitted and chosen on the tuning half of tests/gateway/routing_eval (benchmarks/routing.py).
+    threshold: float = Field(default=0.28, ge=0, le=1)
+    bias: float = -1.67
     weights: dict[str, float] = Field(
         default_factory=lambda: {
-            "maths": 2.25,
-            "proof": 1.78,
-            "algorithm": 0.83,
-            "debugging": 1.08,
-            "design": 1.98,
-            "code_block": 0.41,
-            "stack_trace": 0.65,
-            "reasoning_ask": 2.29,
-            "constraints": 0.8,
-            "length": 2.89,
+            "maths": 2.2,
+            "proof": 1.83,
+            "algorithm": 1.26,
+            "debugging": 0.63,
+            "design": 2.08,
+            "code_block": 0.49,
+            "stack_trace": 0.68,
+            "reasoning_ask": 2.59,
+            "constraints": 0.43,
+            "length": 2.69,
             "depth": 0.0,
-            "easy": -1.98,
-            "cjk": -0.43,
+            "easy": -1.39,
+            "cjk": -0.44,
         }
     )
     # Only the first `scan_chars` characters of the last user turn are read (bounded cost).
-    scan_chars: int = Field(default=4000, gt=0)
+    scan_chars: int = Field(default=2000, gt=0)
 
 
 class BreakerSettings(BaseModel):

@@ -2,7 +2,8 @@
 
 score = sigmoid(bias + sum(weight_i * signal_i)), in (0, 1); thinking goes on at `threshold` and
 above. The default weights were fitted on the tuning half of tests/gateway/routing_eval and the
-threshold chosen there (`benchmarks/routing.py --fit`); the held-out half reports agreement.
+threshold chosen there (`benchmarks/routing.py --fit` prints both); the held-out half
+reports agreement.
 """
 
 from __future__ import annotations
