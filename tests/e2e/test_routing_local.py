@@ -5,6 +5,7 @@ for a key limited to the local engine). Tiny random-weight checkpoint, real Redi
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -167,3 +168,25 @@ async def _route(client: openai.AsyncOpenAI, text: str) -> tuple[Any, dict[str, 
         model="auto-local", messages=[{"role": "user", "content": text}], max_tokens=4
     )
     return raw.parse(), fields(raw.headers["x-gateway-route"])
+
+
+async def test_the_prompt_is_tokenized_once_and_off_the_event_loop(
+    routed: LocalRouted, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer = routed.provider._tokenizer
+    encode_chat = tokenizer.encode_chat
+    threads: list[threading.Thread] = []
+
+    def counted(*args: Any, **kwargs: Any) -> list[int]:
+        threads.append(threading.current_thread())
+        return encode_chat(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode_chat", counted)
+    client = await routed.client()
+    for model in ("deepseek-reasoner", "auto-local"):  # forced on; decided by the router
+        threads.clear()
+        answer = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "One prompt, once."}], max_tokens=3
+        )
+        assert answer.usage is not None and answer.usage.prompt_tokens > 0
+        assert len(threads) == 1 and threads[0] is not threading.main_thread()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 from aiohttp import web
 from redis.asyncio import Redis
@@ -18,7 +22,7 @@ from gateway.appkeys import PIPELINE
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
 from gateway.settings import Settings
-from tests.gateway.conftest import REDIS_URL, start_gateway
+from tests.gateway.conftest import REDIS_URL, closed_port, start_gateway
 from tests.mock_upstream import MockUpstream
 
 ADMIN_KEY = "admin-" + uuid.uuid4().hex
@@ -134,3 +138,51 @@ async def until(predicate: Any, within_s: float = 10.0) -> None:
     while not await predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def gateway_process(mock: MockUpstream, prefix: str, tmp: Path) -> AsyncIterator[str]:
+    """`python -m gateway serve` in a process of its own with `auto-model` on the shared Redis
+    prefix; yields its root URL once it is healthy."""
+    config = tmp / "routing.toml"
+    config.write_text(
+        f"""
+[redis]
+url = "{REDIS_URL}"
+embedded = false
+key_prefix = "{prefix}"
+[logging]
+format = "json"
+level = "warning"
+[providers.mock]
+kind = "openai"
+base_url = "{mock.base_url}"
+[models."auto-model"]
+routing = "auto"
+routes = [{{ provider = "mock", model = "echo" }}]
+"""
+    )
+    port = closed_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port),
+        cwd=Path(__file__).parents[2], env={**os.environ, "GATEWAY_USE_PRESETS": "false"},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    root = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def healthy() -> bool:
+                try:
+                    async with http.get(f"{root}/healthz") as resp:
+                        return resp.status == 200
+                except aiohttp.ClientError:
+                    assert proc.returncode is None, f"the gateway exited with {proc.returncode}"
+                    return False
+
+            await until(healthy, within_s=30)
+        yield root
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import openai
@@ -20,6 +21,7 @@ from tests.gateway.routing_helpers import (
     Routed,
     chat,
     fields,
+    gateway_process,
     open_routed,
     routing_settings,
     until,
@@ -105,7 +107,7 @@ async def test_a_key_with_thinking_off_never_receives_reasoning(routed: Routed) 
 
 
 async def test_a_conversation_keeps_its_mode_across_turns_and_gateways(
-    routed: Routed, mock_upstream: MockUpstream, redis_prefix: str
+    routed: Routed, mock_upstream: MockUpstream, redis_prefix: str, tmp_path: Path
 ) -> None:
     key = await routed.key()
     first = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": HARD}]
@@ -116,15 +118,17 @@ async def test_a_conversation_keeps_its_mode_across_turns_and_gateways(
         {"role": "assistant", "content": "There are 738 such pairs."},
         {"role": "user", "content": "Thanks! Translate your answer into French."},
     ]
-    # a second gateway (its own process state) on the same Redis
-    async with open_routed(routing_settings(mock_upstream, redis_prefix), mock_upstream) as other:
-        _, route = await chat(other.client(key), "auto-model", "", messages=follow_up)
-        assert (route["thinking"], route["reason"]) == ("on", "sticky")
-        assert other.sent_thinking() == {"type": "enabled"}
-        # the same follow-up in a conversation that began easy stays off
-        easy_first = [{"role": "user", "content": EASY}]
-        _, route = await chat(other.client(key), "auto-model", "", messages=easy_first)
-        assert route["thinking"] == "off"
+    # a second gateway process on the same Redis
+    async with gateway_process(mock_upstream, redis_prefix, tmp_path) as other:
+        client = openai.AsyncOpenAI(base_url=f"{other}/v1", api_key=key, max_retries=0)
+        async with client:
+            _, route = await chat(client, "auto-model", "", messages=follow_up)
+            assert (route["thinking"], route["reason"]) == ("on", "sticky")
+            assert routed.sent_thinking() == {"type": "enabled"}
+            # a conversation that began easy stays off, whichever gateway serves its turns
+            easy_first = [{"role": "user", "content": EASY}]
+            _, route = await chat(client, "auto-model", "", messages=easy_first)
+            assert route["thinking"] == "off"
         easy_follow = [*easy_first, {"role": "assistant", "content": "Buenos días."}, first[1]]
         _, route = await chat(routed.client(key), "auto-model", "", messages=easy_follow)
         assert (route["thinking"], route["reason"]) == ("off", "sticky")
