@@ -248,7 +248,8 @@ class Pipeline:
                 if not exc.retryable:
                     self.breakers.success(name)  # it answered: the request was at fault
                     raise provider_error_to_gateway(exc) from None
-                self.breakers.failure(name)
+                if not isinstance(exc, perr.Overloaded):  # load, not health: see _by_load
+                    self.breakers.failure(name)
                 failure = exc
                 continue
             except BaseException:

@@ -104,11 +104,12 @@ class Decider:
             return Decision(routes, fixed, f"policy:{policy.thinking}", client, notes=tuple(notes))
         if client is not None and policy.thinking == "client":
             return Decision(routes, client, "client", client, notes=tuple(notes))
+        allowed = client if policy.thinking == "client" else None  # "auto" refuses it
         if inp.mode == "static":
-            return Decision(routes, None, "static", client, notes=tuple(notes))
+            return Decision(routes, None, "static", allowed, notes=tuple(notes))
         verdict = await self._auto(inp)
         if inp.mode == "shadow":
-            return Decision(routes, None, "static", client, shadow=verdict, notes=tuple(notes))
+            return Decision(routes, None, "static", allowed, shadow=verdict, notes=tuple(notes))
         return Decision(
             routes, verdict.thinking, verdict.reason, client, verdict.score, notes=tuple(notes)
         )

@@ -267,3 +267,14 @@ async def test_policy_through_the_admin_api_and_the_default_model(routed: Routed
         await chat(fresh, "auto-model", EASY)
     assert caught.value.code == "provider_not_allowed"
     assert json.loads(caught.value.response.text)["error"]["param"] == "model"
+
+
+async def test_policy_auto_refuses_the_client_switch_on_static_models_too(routed: Routed) -> None:
+    on = {"thinking": {"type": "enabled"}}
+    client = routed.client(await routed.key(thinking="auto"))
+    _, route = await chat(client, "static-model", HARD, extra_body=on)
+    assert (route["thinking"], route["reason"], route["client"]) == ("off", "default", "refused")
+    assert routed.sent_thinking() is None
+    permissive = routed.client(await routed.key())
+    _, route = await chat(permissive, "static-model", HARD, extra_body=on)
+    assert (route["thinking"], route["reason"]) == ("on", "client")
