@@ -14,18 +14,21 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.errors import PermissionDenied
+from gateway.routing.policy import DEFAULT_POLICY, KeyPolicy
 from providers.types import Usage
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
     """An authenticated caller. `models` None means every model. `credential` is the access
-    control's own handle on the presented secret (e.g. its digest), never the secret itself."""
+    control's own handle on the presented secret (e.g. its digest), never the secret itself.
+    `policy`: the key's routing policy (thinking, reasoning budget, providers, default model)."""
 
     key_id: str
     name: str
     models: frozenset[str] | None = None
     credential: str = ""
+    policy: KeyPolicy = DEFAULT_POLICY
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -79,6 +82,8 @@ class Outcome:
     latency_ms: float = 0.0
     ttft_ms: float | None = None
     error_code: str | None = None
+    route_reason: str = ""  # why this route and thinking mode (see gateway/routing/explain.py)
+    route: str = ""  # the x-gateway-route header the client got
 
 
 class AccessControl(Protocol):

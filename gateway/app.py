@@ -11,7 +11,7 @@ from aiohttp import web
 from gateway import handlers
 from gateway.access import AccessControl
 from gateway.admin.api import setup_admin
-from gateway.appkeys import ACCESS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS
+from gateway.appkeys import ACCESS, BREAKERS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS
 from gateway.keepalive import KeepAlive
 from gateway.keys.access import RedisAccessControl
 from gateway.metrics import Metrics
@@ -23,6 +23,11 @@ from gateway.pipeline import Pipeline
 from gateway.provider_factory import open_providers
 from gateway.redis_server import open_redis
 from gateway.routing import Router
+from gateway.routing.breaker import Breakers
+from gateway.routing.decide import Decider
+from gateway.routing.explain import add_route_header
+from gateway.routing.plan import RoutePlanner
+from gateway.routing.sticky import Stickiness
 from gateway.settings import Settings
 
 log = structlog.get_logger("gateway.app")
@@ -35,6 +40,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app.on_response_prepare.append(add_request_id)
+    app.on_response_prepare.append(add_route_header)
     app.cleanup_ctx.append(_resources)
     app.add_routes(handlers.routes())
     setup_admin(app, settings)
@@ -69,7 +75,22 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         app[ROUTER] = router
         limits = OutputLimits(settings.models, settings.limits.default_max_tokens)
         keepalive = KeepAlive(settings.server.stream_headers_after_s, settings.server.keepalive_s)
-        pipeline = Pipeline(router, access, app[METRICS], limits, keepalive)
+        routing = settings.routing
+        breakers = Breakers(providers, routing.breaker)
+        app[BREAKERS] = breakers
+        local = frozenset(n for n, p in settings.live_providers()[0].items() if p.kind == "local")
+        stickiness = Stickiness(redis, settings.redis.key_prefix, routing.sticky_ttl_s)
+        decider = Decider(routing, local, providers, stickiness)
+        planner = RoutePlanner(router, decider, app[METRICS])
+        pipeline = Pipeline(
+            router,
+            access,
+            app[METRICS],
+            limits,
+            keepalive,
+            planner=planner,
+            breakers=breakers,
+        )
         stack.push_async_callback(pipeline.drain)  # settle everything before Redis closes
         app[PIPELINE] = pipeline
         log.info("gateway_ready", models=[c.id for c in router.cards()])

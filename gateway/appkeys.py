@@ -9,6 +9,7 @@ from gateway.access import AccessControl
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
 from gateway.routing import Router
+from gateway.routing.breaker import Breakers
 from gateway.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -17,3 +18,4 @@ ACCESS = web.AppKey("access", AccessControl)
 ROUTER = web.AppKey("router", Router)
 METRICS = web.AppKey("metrics", Metrics)
 PIPELINE = web.AppKey("pipeline", Pipeline)
+BREAKERS = web.AppKey("breakers", Breakers)

@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.access import Principal
-from gateway.appkeys import ACCESS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS
+from gateway.appkeys import ACCESS, BREAKERS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS
 from gateway.errors import AuthenticationError, InvalidRequest
 from gateway.middleware import REQUEST_ID
 from gateway.wire.chat_request import parse_chat, parse_completion
@@ -98,14 +98,24 @@ async def readyz(request: web.Request) -> web.Response:
     for name, ok in zip(providers, results, strict=True):
         checks[f"provider:{name}"] = ok is True
     ready = all(checks.values())
+    # Breakers are detail, not readiness: an open one is skipped while the others serve.
+    breakers = request.app[BREAKERS].states()
     return web.json_response(
-        {"status": "ready" if ready else "not_ready", "checks": checks},
+        {"status": "ready" if ready else "not_ready", "checks": checks, "breakers": breakers},
         status=200 if ready else 503,
     )
 
 
+_BREAKER_LEVELS = {"closed": 0, "half_open": 1, "open": 2}
+
+
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[METRICS].render()
+    m, breakers = request.app[METRICS], request.app[BREAKERS]
+    for name, state in breakers.states().items():
+        m.breaker_state.labels(name).set(_BREAKER_LEVELS[state])
+    for name, count in breakers.times_opened().items():
+        m.breaker_opened.labels(name).set(count)
+    body = m.render()
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 

@@ -44,6 +44,24 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests in flight", registry=r)
+        self.routing_decisions = Counter(
+            "gateway_routing_decisions",
+            "Routing decisions by provider served, thinking, reason and mode (applied or shadow)",
+            ["provider", "thinking", "reason", "mode"],
+            registry=r,
+        )
+        self.breaker_state = Gauge(
+            "gateway_provider_breaker_state",
+            "Circuit breaker per provider: 0 closed, 1 half-open, 2 open",
+            ["provider"],
+            registry=r,
+        )
+        self.breaker_opened = Gauge(
+            "gateway_provider_breaker_opened",
+            "Times the provider's circuit breaker opened since start",
+            ["provider"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -12,59 +12,32 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import structlog
 from aiohttp import web
 
-from gateway.access import AccessControl, Grant, Outcome, Principal, Ticket, require_model
-from gateway.errors import GatewayError, provider_error_to_gateway
+from gateway.access import AccessControl, Grant, Outcome, Principal, Ticket
+from gateway.errors import GatewayError, ServiceUnavailable, provider_error_to_gateway
+from gateway.event_tally import Tally, empty, prepend, without_reasoning
 from gateway.keepalive import KeepAlive, KeptAliveStream
 from gateway.metrics import Metrics
 from gateway.middleware import REQUEST_ID
 from gateway.output_limits import OutputLimits
 from gateway.routing import Route, Router
-from gateway.tokens import count_prompt_tokens
+from gateway.routing.breaker import Breakers
+from gateway.routing.decide import Decider, Decision
+from gateway.routing.explain import ROUTE, explain
+from gateway.routing.plan import RoutePlanner
+from gateway.settings import BreakerSettings, RoutingSettings
+from gateway.tokens import prompt_tokens
 from gateway.wire.base import Wire
 from providers import errors as perr
 from providers import jsoncodec
-from providers.types import (
-    ChatRequest,
-    Event,
-    Finish,
-    FinishReason,
-    ReasoningDelta,
-    Sampling,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-)
+from providers.types import ChatRequest, Event, ReasoningDelta, Sampling, Usage
 
 log = structlog.get_logger("gateway.pipeline")
-
-
-@dataclass(slots=True)
-class _Tally:
-    """What the client has been sent so far, for settlement when no Usage arrives, and the
-    route that answered (None until one did)."""
-
-    route: Route | None = None
-    deltas: int = 0
-    first_at: float | None = None
-    usage: Usage | None = None
-    finish: FinishReason | None = None
-    failure: GatewayError | None = None  # what ended a stream after its headers were sent
-
-    def see(self, event: Event) -> None:
-        if isinstance(event, TextDelta | ReasoningDelta | ToolCallDelta):
-            self.deltas += 1
-            if self.first_at is None:
-                self.first_at = time.perf_counter()
-        elif isinstance(event, Usage):
-            self.usage = event
-        elif isinstance(event, Finish):
-            self.finish = event.reason
 
 
 class Pipeline:
@@ -75,8 +48,17 @@ class Pipeline:
         metrics: Metrics,
         limits: OutputLimits,
         keepalive: KeepAlive | None = None,
+        *,
+        planner: RoutePlanner | None = None,
+        breakers: Breakers | None = None,
     ) -> None:
+        """`planner` and `breakers` default to static routing (default settings, no
+        stickiness) and no breakers."""
         self.router = router
+        self.planner = planner or RoutePlanner(
+            router, Decider(RoutingSettings(), frozenset(), {}, None), metrics
+        )
+        self.breakers = breakers or Breakers((), BreakerSettings())
         self.access = access
         self.metrics = metrics
         self.limits = limits
@@ -91,30 +73,41 @@ class Pipeline:
     async def serve(
         self, request: web.Request, principal: Principal, chat: ChatRequest, wire: Wire
     ) -> web.StreamResponse:
-        public_model = chat.model
-        routes = self.router.resolve(public_model)
-        require_model(principal, public_model)
+        try:
+            public_model, chat, decision = await self.planner.plan(
+                principal, chat, wire.endpoint.split(".")[0]
+            )
+        except perr.ProviderError as exc:  # the prompt could not be prepared
+            raise provider_error_to_gateway(exc) from None
         structlog.contextvars.bind_contextvars(key_id=principal.key_id, model=public_model)
-        prompt_tokens = count_prompt_tokens(routes[0].provider, chat)
-        output = self.limits.plan(public_model, routes, prompt_tokens, chat.sampling.max_tokens)
+        num_prompt = prompt_tokens(chat)
+        output = self.limits.plan(
+            public_model, decision.routes, num_prompt, chat.sampling.max_tokens
+        )
         ticket = Ticket(
             principal=principal,
             model=public_model,
             request_id=chat.request_id,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=num_prompt,
             max_tokens=output.reserve,
             label=self.router.label(public_model),
         )
         grant = await self._admit(ticket, wire)
-        sampling = replace(chat.sampling, max_tokens=output.upstream(grant.max_tokens))
+        sampling = replace(
+            chat.sampling,
+            max_tokens=output.upstream(grant.max_tokens),
+            max_reasoning_tokens=principal.policy.max_reasoning_tokens,
+        )
         started = time.perf_counter()
-        tally = _Tally()
+        tally = Tally()
         status, error_code = 200, None
         self.metrics.in_flight.inc()
         try:
             if chat.stream:
-                return await self._stream(request, wire, grant, routes, chat, sampling, tally)
-            events = await self._open(routes, chat, sampling, tally, ticket.counted_model)
+                return await self._stream(request, wire, grant, decision, chat, sampling, tally)
+            events = await self._open(
+                request, decision, chat, sampling, tally, ticket.counted_model
+            )
             return await self._json(wire, grant, public_model, events, tally)
         except GatewayError as exc:
             status, error_code = exc.status, exc.code
@@ -124,7 +117,11 @@ class Pipeline:
             raise
         finally:
             self.metrics.in_flight.dec()
-            outcome = self._outcome(ticket, tally, chat, started, status, error_code)
+            if tally.route is not None and tally.failed:
+                self.breakers.failure(tally.route.provider_name)
+            outcome = self._outcome(
+                ticket, tally, decision, request.get(ROUTE, ""), started, status, error_code
+            )
             # Settled in a task of its own: the client's answer does not wait for the
             # bookkeeping, a cancelled handler cannot lose it, and `drain` awaits it on shutdown.
             self._track(self._settle(grant, outcome, wire))
@@ -152,55 +149,77 @@ class Pipeline:
 
     async def _open(
         self,
-        routes: tuple[Route, ...],
+        request: web.Request,
+        decision: Decision,
         chat: ChatRequest,
         sampling: Sampling,
-        tally: _Tally,
+        tally: Tally,
         label: str,
     ) -> AsyncGenerator[Event, None]:
         """Start the first route that answers (recorded in `tally`); fall back while nothing
-        but keep-alives was sent to the client. `label` names the model in metrics."""
+        but keep-alives was sent to the client. A route whose provider's breaker is open is
+        skipped at once. `label` names the model in metrics."""
         failure: perr.ProviderError | None = None
-        for route in routes:
+        skipped: list[str] = []
+        drop_reasoning = decision.reason == "policy:off"
+        for route in decision.routes:
+            name = route.provider_name
+            if not self.breakers.allow(name):
+                skipped.append(name)
+                continue
+            request[ROUTE] = explain(decision, route, skipped)
             req = replace(
-                chat,
-                model=route.model,
-                thinking=route.thinking_for(chat.thinking),
-                sampling=sampling,
+                chat, model=route.model, thinking=decision.thinking_for(route), sampling=sampling
             )
             events = route.provider.chat(req)
             try:
                 first = await anext(events)
             except StopAsyncIteration:
-                self._opened(route, tally)
-                return _empty()
+                self.breakers.success(name)
+                self._opened(decision, route, tally)
+                return empty()
             except perr.ProviderError as exc:
                 await events.aclose()
-                exc.provider = exc.provider or route.provider_name
-                self.metrics.errors.labels(label, route.provider_name, exc.code).inc()
+                exc.provider = exc.provider or name
+                self.metrics.errors.labels(label, name, exc.code).inc()
                 log.warning(
                     "route_failed",
-                    provider=route.provider_name,
+                    provider=name,
                     code=exc.code,
                     error=exc.message,
                     detail=exc.detail,
                 )
                 if not exc.retryable:
+                    self.breakers.success(name)  # it answered: the request was at fault
                     raise provider_error_to_gateway(exc) from None
+                if not isinstance(exc, perr.Overloaded):  # load, not health: see _by_load
+                    self.breakers.failure(name)
                 failure = exc
                 continue
             except BaseException:
                 await events.aclose()
                 raise
-            self._opened(route, tally)
+            self.breakers.success(name)
+            self._opened(decision, route, tally)
+            if drop_reasoning:
+                events = without_reasoning(events)
+                if isinstance(first, ReasoningDelta):
+                    return prepend(None, events, tally)
             tally.see(first)
-            return _prepend(first, events, tally)
-        assert failure is not None
-        raise provider_error_to_gateway(failure)
+            return prepend(first, events, tally)
+        if failure is not None:
+            raise provider_error_to_gateway(failure)
+        request[ROUTE] = explain(decision, decision.routes[0], skipped)
+        retry = max(1, round(self.breakers.retry_after_s(skipped)))
+        raise ServiceUnavailable(
+            f"Every provider that serves the model '{chat.model}' is failing; retry in {retry} s.",
+            code="providers_unavailable",
+            headers={"Retry-After": str(retry)},
+        )
 
-    @staticmethod
-    def _opened(route: Route, tally: _Tally) -> None:
+    def _opened(self, decision: Decision, route: Route, tally: Tally) -> None:
         tally.route = route
+        self.planner.count(decision, route)
         structlog.contextvars.bind_contextvars(
             provider=route.provider_name, route_model=route.model
         )
@@ -210,10 +229,10 @@ class Pipeline:
         request: web.Request,
         wire: Wire,
         grant: Grant,
-        routes: tuple[Route, ...],
+        decision: Decision,
         chat: ChatRequest,
         sampling: Sampling,
-        tally: _Tally,
+        tally: Tally,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
             headers={
@@ -227,7 +246,9 @@ class Pipeline:
         stream = KeptAliveStream(request, resp, encoder, self.keepalive)
         events: AsyncGenerator[Event, None] | None = None
         try:
-            events = await self._open(routes, chat, sampling, tally, grant.ticket.counted_model)
+            events = await self._open(
+                request, decision, chat, sampling, tally, grant.ticket.counted_model
+            )
             await stream.open()
             async for event in events:
                 frame = encoder.encode(event)
@@ -246,6 +267,7 @@ class Pipeline:
             await stream.open()
             await stream.write(encoder.fail(err))
             tally.finish, tally.failure = None, err
+            tally.failed = isinstance(exc, perr.ProviderError) and exc.retryable
         finally:
             await stream.close()
             if events is not None:
@@ -258,13 +280,14 @@ class Pipeline:
         grant: Grant,
         model: str,
         events: AsyncGenerator[Event, None],
-        tally: _Tally,
+        tally: Tally,
     ) -> web.Response:
         agg = wire.aggregator()
         try:
             async for event in events:
                 agg.add(event)
         except perr.ProviderError as exc:
+            tally.failed = exc.retryable
             raise provider_error_to_gateway(exc) from None
         finally:
             await events.aclose()
@@ -275,8 +298,9 @@ class Pipeline:
     def _outcome(
         self,
         ticket: Ticket,
-        tally: _Tally,
-        chat: ChatRequest,
+        tally: Tally,
+        decision: Decision,
+        route_header: str,
         started: float,
         status: int,
         error_code: str | None,
@@ -293,10 +317,12 @@ class Pipeline:
             status=status,
             provider=route.provider_name if route else "",
             route_model=route.model if route else "",
-            thinking=route.thinking_for(chat.thinking) if route else chat.thinking,
+            thinking=decision.thinking_for(route) if route else decision.thinking,
             latency_ms=(time.perf_counter() - started) * 1000,
             ttft_ms=ttft,
             error_code=error_code,
+            route_reason=decision.reason_for(route) if route else decision.reason,
+            route=route_header,
         )
 
     async def _settle(self, grant: Grant, outcome: Outcome, wire: Wire) -> None:
@@ -314,20 +340,3 @@ class Pipeline:
             await self.access.settle(grant, outcome)
         except Exception:
             log.exception("settle_failed", request_id=grant.ticket.request_id)
-
-
-async def _empty() -> AsyncGenerator[Event, None]:
-    return
-    yield
-
-
-async def _prepend(
-    first: Event, rest: AsyncGenerator[Event, None], tally: _Tally
-) -> AsyncGenerator[Event, None]:
-    try:
-        yield first
-        async for event in rest:
-            tally.see(event)
-            yield event
-    finally:
-        await rest.aclose()

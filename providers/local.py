@@ -16,7 +16,7 @@ import asyncio
 import math
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from backend.engine.async_engine import (
@@ -32,17 +32,16 @@ from backend.text.tokenizer import Tokenizer
 from providers.base import ModelCard
 from providers.errors import InvalidRequest, Overloaded, UpstreamUnavailable
 from providers.local_stream import TokenTranslator
-from providers.types import ChatRequest, Event, Finish, FinishReason, Tool, Usage
-
-
-@dataclass(frozen=True, slots=True)
-class _Prompt:
-    """A request's prompt ids and how its output is to be read."""
-
-    ids: list[int]
-    parse: bool  # chat: parse reasoning and tool calls; completion: plain text
-    thinking: bool  # the prompt ends in <think>: output starts as reasoning
-    tools_enabled: bool
+from providers.types import (
+    ChatRequest,
+    Event,
+    Finish,
+    FinishReason,
+    PreparedPrompt,
+    ProviderLoad,
+    Tool,
+    Usage,
+)
 
 
 def _tool_dict(tool: Tool) -> dict[str, Any]:
@@ -53,12 +52,14 @@ def _tool_dict(tool: Tool) -> dict[str, Any]:
 
 
 class LocalProvider:
-    """The Provider (and exact TokenCounter) for an in-process AsyncEngine; its `context_length`
-    bounds what a request without max_tokens may produce (gateway/output_limits.py).
+    """The Provider for an in-process AsyncEngine; it prepares prompts (exact token counts)
+    and reports its load. Its `context_length` bounds what a request without max_tokens may
+    produce (gateway/output_limits.py).
 
     `model_id`: the one model this provider lists; a request's model name is not checked (routes
     name the provider-side model). Sampling values the request leaves unset are filled by the
-    engine from the checkpoint's generation_config.json.
+    engine from the checkpoint's generation_config.json. `slots`: the engine's max_num_seqs
+    (requests beyond it wait).
     """
 
     def __init__(
@@ -67,8 +68,11 @@ class LocalProvider:
         engine: AsyncEngine,
         tokenizer: Tokenizer,
         model_id: str,
+        *,
+        slots: int,
     ) -> None:
         self.name = name
+        self._slots = slots
         self._engine = engine
         self._tokenizer = tokenizer
         self._model_id = model_id
@@ -78,22 +82,31 @@ class LocalProvider:
         """The most tokens of prompt and output together that one request may hold."""
         return self._engine.max_model_len
 
-    def count_prompt_tokens(self, request: ChatRequest) -> int:
-        """Exact prompt length as `chat` will encode it; 0 for a request `chat` will refuse
-        (it fails there with a 400 before anything is generated)."""
-        try:
-            return len(self._encode(request).ids)
-        except InvalidRequest:
-            return 0
+    async def prepare(self, request: ChatRequest) -> PreparedPrompt:
+        """The request's prompt ids, tokenized off the event loop (a 60K-token prompt takes
+        about 100 ms). Raises InvalidRequest for a request `chat` would refuse."""
+        return await asyncio.to_thread(self._encode, request)
+
+    def load(self) -> ProviderLoad:
+        stats = self._engine.stats()
+        return ProviderLoad(
+            waiting=stats.num_waiting,
+            running=stats.num_running,
+            slots=self._slots,
+            max_context=self._engine.max_model_len,
+        )
 
     async def chat(self, request: ChatRequest) -> AsyncGenerator[Event, None]:
-        prompt = await asyncio.to_thread(self._encode, request)  # long prompts take a while
-        params = self._params(request)
+        prompt = request.prepared
+        if prompt is None or prompt.owner != self.name:
+            prompt = await self.prepare(request)
+        prompt = self._with_thinking(prompt, bool(request.thinking))
+        params = self._params(request, prompt)
         translator = TokenTranslator(
             self._tokenizer,
             prompt.ids,
             parse=prompt.parse,
-            thinking=prompt.thinking,
+            thinking=prompt.opens_reasoning,
             tools_enabled=prompt.tools_enabled,
             stops=params.stop,
             logprobs=params.logprobs,
@@ -166,29 +179,41 @@ class LocalProvider:
     async def close(self) -> None:
         """Nothing to release: the engine belongs to whoever opened it (open_local_provider)."""
 
-    def _encode(self, request: ChatRequest) -> _Prompt:
+    def _encode(self, request: ChatRequest) -> PreparedPrompt:
         tokenizer = self._tokenizer
+        thinking = bool(request.thinking)
         if request.prompt is not None:
             ids = tokenizer.encode(request.prompt, add_bos=True)
-            return _Prompt(ids, parse=False, thinking=False, tools_enabled=False)
+            return PreparedPrompt(self.name, ids, thinking, False, False, False)
         tools = [_tool_dict(t) for t in request.tools] if request.tool_choice != "none" else []
         try:
             ids = tokenizer.encode_chat(
                 [m.openai_dict() for m in request.messages],
-                thinking=bool(request.thinking),
+                thinking=thinking,
                 tools=tools or None,
             )
         except ChatFormatError as exc:
             raise InvalidRequest(str(exc), provider=self.name, param="messages") from None
-        return _Prompt(
-            ids,
-            parse=True,
-            thinking=tokenizer.prompt_opens_reasoning(ids),
-            tools_enabled=bool(tools),
-        )
+        opens = tokenizer.prompt_opens_reasoning(ids)
+        return PreparedPrompt(self.name, ids, thinking, True, opens, bool(tools))
 
-    def _params(self, request: ChatRequest) -> SamplingParams:
+    def _with_thinking(self, prompt: PreparedPrompt, thinking: bool) -> PreparedPrompt:
+        """The prepared prompt with the other thinking switch, without tokenizing again: V3.1's
+        template differs between the two only in the generation prompt's last token (`<think>`
+        or `</think>`), and not at all after tool results (no generation prompt)."""
+        if prompt.thinking == thinking or not prompt.parse:
+            return prompt
+        special = self._tokenizer.special
+        ids = prompt.ids
+        if ids and ids[-1] in (special.think, special.think_end):
+            ids = [*ids[:-1], special.think if thinking else special.think_end]
+        opens = self._tokenizer.prompt_opens_reasoning(ids)
+        return replace(prompt, ids=ids, thinking=thinking, opens_reasoning=opens)
+
+    def _params(self, request: ChatRequest, prompt: PreparedPrompt) -> SamplingParams:
         s = request.sampling
+        budget = s.max_reasoning_tokens if prompt.opens_reasoning else None
+        think_end = None if budget is None else self._tokenizer.special.think_end
         try:
             params = SamplingParams(
                 temperature=s.temperature,
@@ -203,6 +228,8 @@ class LocalProvider:
                 max_tokens=s.max_tokens,
                 logprobs=s.logprobs,
                 top_logprobs=s.top_logprobs or 0,
+                max_reasoning_tokens=budget,
+                reasoning_end_token_id=think_end,
             )
         except ValueError as exc:
             raise InvalidRequest(str(exc), provider=self.name) from None

@@ -87,7 +87,7 @@ async def open_local_provider(
         max_model_len=engine.max_model_len,
     )
     try:
-        yield LocalProvider(name, engine, tokenizer, model_id)
+        yield LocalProvider(name, engine, tokenizer, model_id, slots=config.max_num_seqs)
     finally:
         await engine.stop()
         log.info("local_engine_stopped", provider=name)

@@ -10,6 +10,9 @@ Request mapping (`build_body`):
 - `thinking` per style: deepseek -> `thinking: {"type": "enabled"|"disabled"}`;
   chat_template_kwargs -> `chat_template_kwargs.thinking` (vLLM, SGLang); reasoning_effort ->
   "medium" when on (a client's own effort in `extra` is kept), removed when off; none -> nothing.
+  A reasoning budget (`sampling.max_reasoning_tokens`) reaches only reasoning_effort upstreams,
+  as the nearest effort at or below it (low up to 2,048 tokens, medium up to 16,384, else high);
+  the other styles take no budget, so none is sent.
 
 Response mapping (`ChunkDecoder`): reasoning from `reasoning_content`, `reasoning` or an inline
 leading `<think>...</think>` in content; tool call fragments with id and name on the first
@@ -99,7 +102,7 @@ def build_body(
         body["response_format"] = request.response_format
     if request.user is not None:
         body["user"] = request.user
-    _set_thinking(body, request.thinking, thinking_style)
+    _set_thinking(body, request.thinking, thinking_style, request.sampling.max_reasoning_tokens)
     body["stream"] = stream
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -128,7 +131,16 @@ def _tool(name: str, description: str | None, parameters: dict[str, Any] | None)
     return {"type": "function", "function": function}
 
 
-def _set_thinking(body: dict[str, Any], thinking: bool | None, style: ThinkingStyle) -> None:
+_EFFORTS = ("minimal", "low", "medium", "high")
+
+
+def _effort_for(budget: int) -> str:
+    return "low" if budget <= 2048 else "medium" if budget <= 16384 else "high"
+
+
+def _set_thinking(
+    body: dict[str, Any], thinking: bool | None, style: ThinkingStyle, budget: int | None
+) -> None:
     if thinking is None or style == "none":
         return
     if style == "deepseek":
@@ -140,7 +152,10 @@ def _set_thinking(body: dict[str, Any], thinking: bool | None, style: ThinkingSt
             "thinking": thinking,
         }
     elif thinking:
-        body.setdefault("reasoning_effort", "medium")
+        effort = body.setdefault("reasoning_effort", "medium")
+        if budget is not None and effort in _EFFORTS:
+            capped = _effort_for(budget)
+            body["reasoning_effort"] = min(effort, capped, key=_EFFORTS.index)
     else:
         body.pop("reasoning_effort", None)
 

@@ -94,6 +94,42 @@ class Sampling:
     repetition_penalty: float | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    # A reasoning budget (the key's policy): the local engine ends thinking after this many
+    # reasoning tokens; upstreams get the nearest parameter they accept.
+    max_reasoning_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPrompt:
+    """A prompt tokenized once, off the event loop, by the provider that will serve it (its
+    `owner`), and carried forward: the router reads its length, admission reserves by it, the
+    engine runs its ids and usage reports its count. `thinking`: the switch the ids end with."""
+
+    owner: str
+    ids: list[int]
+    thinking: bool
+    parse: bool  # chat: parse reasoning and tool calls; completion: plain text
+    opens_reasoning: bool  # the prompt ends in <think>: output starts as reasoning
+    tools_enabled: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLoad:
+    """How busy a provider is now, for routing: requests `waiting` for a slot, `running` of
+    `slots`, and the longest prompt plus output it can hold (`max_context`)."""
+
+    waiting: int
+    running: int
+    slots: int
+    max_context: int
+
+    def queue_after(self) -> int:
+        """Requests that would wait, one more included, were one more added now."""
+        return max(0, self.running + self.waiting + 1 - self.slots)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +157,8 @@ class ChatRequest:
     # Legacy /v1/completions: a raw prompt instead of messages (no chat template applied).
     prompt: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The prompt as the serving provider prepared it (None: the provider prepares it itself).
+    prepared: PreparedPrompt | None = None
 
 
 # ---- events a provider yields, in order -------------------------------------------------------

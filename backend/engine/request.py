@@ -25,6 +25,8 @@ class Request:
     the full blocks of `token_ids` (tokens never change, so neither do the hashes).
     `num_cached_tokens`: how many tokens the latest allocation took from the prefix cache.
     `arrival` orders requests: lower came first (the scheduler assigns it in `add`).
+    `num_reasoning_tokens` counts output tokens while reasoning is open (only tracked when the
+    params set a reasoning budget); `in_reasoning` turns False at the end-of-thinking token.
     """
 
     def __init__(
@@ -43,6 +45,8 @@ class Request:
         self.num_cached_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []
+        self.in_reasoning = params.max_reasoning_tokens is not None
+        self.num_reasoning_tokens = 0
 
     def __repr__(self) -> str:
         return (

@@ -21,6 +21,10 @@ class SamplingParams:
     positive logit, multiplies a negative one), `presence_penalty` and `frequency_penalty`
     (OpenAI: over output only, subtracted from the logit). `max_tokens` None runs to the model's
     length limit. `stop` strings are matched by the caller on detokenized text.
+    `max_reasoning_tokens` with `reasoning_end_token_id`: the output starts as reasoning (the
+    prompt opened it) and holds at most that many reasoning tokens, the end-of-thinking token
+    included: when the budget is one short, the engine appends `reasoning_end_token_id` itself
+    instead of sampling, and the answer follows.
     """
 
     temperature: float | None = None
@@ -37,6 +41,8 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False
+    max_reasoning_tokens: int | None = None
+    reasoning_end_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature is not None and not (
@@ -63,6 +69,10 @@ class SamplingParams:
             raise ValueError("stop_token_ids must be non-negative")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_reasoning_tokens is not None and self.max_reasoning_tokens < 1:
+            raise ValueError(f"max_reasoning_tokens must be >= 1, got {self.max_reasoning_tokens}")
+        if (self.max_reasoning_tokens is None) != (self.reasoning_end_token_id is None):
+            raise ValueError("max_reasoning_tokens and reasoning_end_token_id go together")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
         if self.top_logprobs and not self.logprobs:

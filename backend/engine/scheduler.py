@@ -212,10 +212,11 @@ class Scheduler:
             # the step's tokens plus accepted drafts are computed; the last sampled one is not
             seq.num_computed_tokens += item.num_new_tokens + max(0, len(tokens) - 1)
             reason: FinishReason | None = None
-            for token in tokens:
+            for sampled in tokens:
+                token = self._within_reasoning_budget(seq, sampled)
                 seq.token_ids.append(token)
                 reason = self._stop_reason(seq, token)
-                if reason is not None:
+                if reason is not None or token != sampled:  # later drafts followed `sampled`
                     break
             seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
             self.block_manager.cache_full_blocks(seq)
@@ -232,6 +233,21 @@ class Scheduler:
         if num <= budget:
             return num
         return budget if self.chunked_prefill else 0
+
+    @staticmethod
+    def _within_reasoning_budget(seq: Request, token: int) -> int:
+        """`token`, or the end-of-thinking token when it is the last the reasoning budget
+        allows (SamplingParams.max_reasoning_tokens counts the end-of-thinking token too)."""
+        if not seq.in_reasoning:
+            return token
+        end = seq.params.reasoning_end_token_id
+        budget = seq.params.max_reasoning_tokens
+        assert end is not None and budget is not None  # in_reasoning only with a budget
+        seq.num_reasoning_tokens += 1
+        if seq.num_reasoning_tokens >= budget:
+            token = end
+        seq.in_reasoning = token != end
+        return token
 
     def _stop_reason(self, seq: Request, token: int) -> FinishReason | None:
         params = seq.params

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway.errors import GatewayError
-from gateway.keys.records import KeyCreate, UsageQuery
+from gateway.keys.records import KeyCreate, KeyUpdate, UsageQuery
 from gateway.keys.store import KeyStore
 from gateway.keys.usage import UsageReader
 from gateway.logging import configure_logging
@@ -39,7 +39,15 @@ def register(subparsers: Any) -> None:
     create.add_argument("--rpm", type=int, help="requests per minute")
     create.add_argument("--tpm", type=int, help="tokens per minute")
     create.add_argument("--max-concurrency", type=int)
+    _policy_arguments(create)
     create.set_defaults(func=_command(_create))
+
+    policy = verbs.add_parser(
+        "policy", help="set a key's routing policy (fields not given take their defaults)"
+    )
+    policy.add_argument("id")
+    _policy_arguments(policy)
+    policy.set_defaults(func=_command(_set_policy))
 
     verbs.add_parser("list", help="list keys").set_defaults(func=_command(_list))
     for verb, action, text in (
@@ -58,6 +66,30 @@ def register(subparsers: Any) -> None:
     usage.add_argument("--end", help="last UTC day, YYYY-MM-DD")
     usage.add_argument("--group-by", choices=["day", "model", "key"])
     usage.set_defaults(func=_command(_usage))
+
+
+def _policy_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--thinking",
+        choices=["off", "auto", "on", "client"],
+        help="off/on: forced; auto: the model decides; client: the client's switch wins",
+    )
+    parser.add_argument("--max-reasoning-tokens", type=int, help="reasoning budget per request")
+    parser.add_argument(
+        "--providers", choices=["local", "any"], help="local: never an upstream provider"
+    )
+    parser.add_argument("--default-model", help="served when the model asked for is not")
+
+
+def _policy(args: argparse.Namespace) -> dict[str, Any] | None:
+    fields = {
+        "thinking": args.thinking,
+        "max_reasoning_tokens": args.max_reasoning_tokens,
+        "providers": args.providers,
+        "default_model": args.default_model,
+    }
+    given = {name: value for name, value in fields.items() if value is not None}
+    return given or None
 
 
 def _command(action: Action) -> Callable[[argparse.Namespace], int]:
@@ -96,10 +128,16 @@ async def _create(store: KeyStore, _: UsageReader, args: argparse.Namespace) -> 
         "rpm": args.rpm,
         "tpm": args.tpm,
         "max_concurrency": args.max_concurrency,
+        "policy": _policy(args),
     }
     secret, record = await store.create(KeyCreate.model_validate(fields))
     print("Save this key now: it cannot be shown again.", file=sys.stderr)
     return {"id": record.id, "key": secret, **record.public()}
+
+
+async def _set_policy(store: KeyStore, _: UsageReader, args: argparse.Namespace) -> Any:
+    record = await store.update(args.id, KeyUpdate.model_validate({"policy": _policy(args)}))
+    return record.public()
 
 
 async def _list(store: KeyStore, _: UsageReader, args: argparse.Namespace) -> Any:

@@ -20,6 +20,7 @@ from gateway.keys.script_batch import Unsent
 from gateway.keys.spool import Spool
 from gateway.keys.store import SECRET_PREFIX, KeyStore, digest
 from gateway.keys.usage import usage_entry
+from gateway.routing.policy import DEFAULT_POLICY
 
 log = structlog.get_logger("gateway.access")
 
@@ -114,7 +115,8 @@ class RedisAccessControl:
         if record.is_expired(datetime.fromtimestamp(self._clock(), UTC)):
             raise AuthenticationError("This API key has expired.")
         models = None if record.models is None else frozenset(record.models)
-        principal = Principal(record.id, record.name, models, credential=hexdigest)
+        policy = DEFAULT_POLICY if record.policy is None else record.policy.policy()
+        principal = Principal(record.id, record.name, models, hexdigest, policy)
         if len(self._cache) >= self._cache_size:
             self._cache.clear()
         self._cache[hexdigest] = (time.monotonic() + self._cache_s, principal)

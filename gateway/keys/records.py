@@ -19,6 +19,8 @@ from pydantic import (
     field_validator,
 )
 
+from gateway.routing.policy import KeyPolicy
+
 BudgetPeriod = Literal["day", "month"]
 GroupBy = Literal["day", "model", "key"]
 
@@ -30,6 +32,23 @@ _MetaValue = Annotated[str, StringConstraints(max_length=512)]
 # OpenAI-style metadata: at most 16 string pairs.
 _Metadata = Annotated[dict[_MetaKey, _MetaValue], Field(max_length=16)]
 _Models = Annotated[list[_Model], Field(max_length=1000)]
+
+
+class KeyPolicyBody(BaseModel):
+    """A key's routing policy as stored and as the admin API takes it (gateway/routing/policy.py
+    says what each field does)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    thinking: Literal["off", "auto", "on", "client"] = "client"
+    max_reasoning_tokens: Annotated[int, Field(ge=1, le=10**7)] | None = None
+    providers: Literal["local", "any"] = "any"
+    default_model: _Model | None = None
+
+    def policy(self) -> KeyPolicy:
+        return KeyPolicy(
+            self.thinking, self.max_reasoning_tokens, self.providers, self.default_model
+        )
 
 
 def as_utc(value: datetime) -> datetime:
@@ -57,6 +76,8 @@ class KeyLimits(BaseModel):
     max_concurrency: _Limit | None = None
     expires_at: datetime | None = None
     metadata: _Metadata = Field(default_factory=dict)
+    # The routing policy; None: the default (thinking "client", any provider, no budget).
+    policy: KeyPolicyBody | None = None
 
     @field_validator("expires_at")
     @classmethod

@@ -66,6 +66,8 @@ def usage_entry(grant: Grant, outcome: Outcome, now: float) -> UsageEntry:
         "provider": outcome.provider,
         "route_model": outcome.route_model,
         "thinking": thinking,
+        "route_reason": outcome.route_reason,
+        "route": outcome.route,
         **{name: str(value) for name, value in values.items() if name.endswith("_tokens")},
         "max_tokens": str(grant.max_tokens),
         "reserved_tokens": str(grant.reserved_tokens),

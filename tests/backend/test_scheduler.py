@@ -388,3 +388,44 @@ def test_random_workloads_match_the_model(
             continue
         limit = min(seq.params.max_tokens or 0, max_model_len - seq.num_prompt_tokens)
         assert seq.output_token_ids == expected_output(seq, limit)
+
+
+THINK_END = 99  # outside next_token's range (10..106 is fine: 99 is only forced by the budget)
+
+
+@pytest.mark.parametrize("num_lookahead", [0, 2])
+@pytest.mark.parametrize("budget", [1, 3, 7])
+def test_reasoning_budget_forces_the_end_of_thinking(budget: int, num_lookahead: int) -> None:
+    scheduler = make_scheduler(num_lookahead=num_lookahead, max_num_seqs=4, max_batch_tokens=16)
+    seq = make_seq(
+        "a", 3, max_tokens=12, max_reasoning_tokens=budget, reasoning_end_token_id=THINK_END
+    )
+    scheduler.add(seq)
+    run_to_end(scheduler)
+    out = seq.output_token_ids
+    assert len(out) == 12  # the answer goes on after thinking ends
+    assert out.index(THINK_END) == budget - 1  # budget - 1 thoughts, then the end of thinking
+    assert seq.num_reasoning_tokens == budget and not seq.in_reasoning
+    # after the forced token the model continues from it, like any other token
+    tokens = list(seq.prompt_token_ids) + out[:budget]
+    for token in out[budget:]:
+        assert token == next_token(tokens)
+        tokens.append(token)
+
+
+def test_reasoning_that_ends_by_itself_is_not_cut() -> None:
+    scheduler = make_scheduler()
+    natural = expected_output(make_seq("a", 3), 6)
+    end = natural[1]  # the model ends its reasoning by itself with its second token
+    seq = make_seq("a", 3, max_tokens=6, max_reasoning_tokens=50, reasoning_end_token_id=end)
+    scheduler.add(seq)
+    run_to_end(scheduler)
+    assert seq.output_token_ids == natural
+    assert seq.num_reasoning_tokens == 2 and not seq.in_reasoning
+
+
+def test_reasoning_budget_params_go_together() -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(max_reasoning_tokens=3)
+    with pytest.raises(ValueError):
+        SamplingParams(max_reasoning_tokens=0, reasoning_end_token_id=5)

@@ -105,3 +105,31 @@ def test_usage_totals(prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 0 and report["totals"]["requests"] == 3
     assert [(r["model"], r["completion_tokens"]) for r in report["data"]] == [("a", 5), ("b", 8)]
     assert run(capsys, "usage", "--key", "key_other")[1]["totals"]["requests"] == 0
+
+
+def test_routing_policy_from_the_command_line(
+    prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, created, _ = run(
+        capsys, "keys", "create", "--name", "p", "--thinking", "auto",
+        "--max-reasoning-tokens", "256", "--providers", "local",
+    )  # fmt: skip
+    assert status == 0
+    assert created["policy"] == {
+        "thinking": "auto",
+        "max_reasoning_tokens": 256,
+        "providers": "local",
+        "default_model": None,
+    }
+    status, changed, _ = run(
+        capsys, "keys", "policy", created["id"], "--thinking", "off", "--default-model", "m"
+    )
+    assert status == 0
+    assert changed["policy"]["thinking"] == "off" and changed["policy"]["default_model"] == "m"
+    assert changed["policy"]["max_reasoning_tokens"] is None  # fields not given: defaults
+    status, _, err = run(capsys, "keys", "policy", created["id"], "--max-reasoning-tokens", "0")
+    assert status == 2 and "max-reasoning-tokens" in err
+    status, shown, _ = run(capsys, "keys", "show", created["id"])
+    assert shown["policy"] == changed["policy"]
+    status, plain, _ = run(capsys, "keys", "create", "--name", "plain")
+    assert plain["policy"] is None  # the default policy

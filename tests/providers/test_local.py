@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -108,7 +109,7 @@ class TestOverTinyEngine:
         assert not any(isinstance(e, ReasoningDelta) for e in events)
         assert text_of(events)
         usage = usage_of(events)
-        assert usage.prompt_tokens == provider.count_prompt_tokens(request)
+        assert usage.prompt_tokens == (await provider.prepare(request)).num_tokens
         assert usage.completion_tokens == 8 and usage.reasoning_tokens == 0
         assert events[-1] == Finish("length")
         assert isinstance(events[-2], Usage)
@@ -123,7 +124,7 @@ class TestOverTinyEngine:
         # random weights: everything up to a `</think>` (if any) is reasoning
         assert 0 < usage.reasoning_tokens <= usage.completion_tokens == 8
 
-    async def test_count_prompt_tokens_is_exact_with_tools(
+    async def test_prepared_prompt_is_exact_with_tools(
         self, provider: LocalProvider, checkpoint: Path
     ) -> None:
         tool = Tool(name="lookup", description="Find a word", parameters={"type": "object"})
@@ -145,11 +146,43 @@ class TestOverTinyEngine:
                 }
             ],
         )
-        assert provider.count_prompt_tokens(request) == len(expected)
+        assert (await provider.prepare(request)).ids == expected
         no_tools = ChatRequest(
             model="m", messages=request.messages, tools=(tool,), tool_choice="none"
         )
-        assert provider.count_prompt_tokens(no_tools) < len(expected)
+        assert (await provider.prepare(no_tools)).num_tokens < len(expected)
+
+    @pytest.mark.parametrize("thinking", [False, True])
+    async def test_a_prepared_prompt_is_retargeted_not_tokenized_again(
+        self, provider: LocalProvider, checkpoint: Path, thinking: bool
+    ) -> None:
+        history = (
+            Message(role="system", content="Be brief."),
+            Message(role="user", content="first"),
+            Message(role="assistant", content="ok"),
+            Message(role="user", content="second"),
+        )
+        request = ChatRequest(model="m", messages=history, sampling=Sampling(max_tokens=3))
+        prepared = await provider.prepare(request)  # prepared with thinking off
+        tokenizer = Tokenizer.from_dir(checkpoint)
+        wanted = [m.openai_dict() for m in history]
+        events = await collect(
+            provider, dataclasses.replace(request, thinking=thinking, prepared=prepared)
+        )
+        assert usage_of(events).prompt_tokens == prepared.num_tokens
+        assert provider._with_thinking(prepared, thinking).ids == tokenizer.encode_chat(
+            wanted, thinking=thinking
+        )
+        assert any(isinstance(e, ReasoningDelta) for e in events) == thinking
+
+    async def test_reasoning_budget_ends_thinking_and_the_answer_follows(
+        self, provider: LocalProvider
+    ) -> None:
+        request = chat("Hello there", thinking=True, max_tokens=12, max_reasoning_tokens=3)
+        events = await collect(provider, request)
+        usage = usage_of(events)
+        assert usage.reasoning_tokens == 3 and usage.completion_tokens == 12
+        assert text_of(events)
 
     async def test_repeated_prompt_reports_cached_tokens(self, provider: LocalProvider) -> None:
         request = chat("The same long question, " * 12, max_tokens=2)
@@ -214,9 +247,8 @@ class TestOverTinyEngine:
         assert all(isinstance(e, TextDelta | Usage | Finish) for e in events)
         tokenizer = Tokenizer.from_dir(checkpoint)
         expected = tokenizer.encode("<think>Once upon", add_bos=True)
-        assert (
-            usage_of(events).prompt_tokens == len(expected) == provider.count_prompt_tokens(request)
-        )
+        prepared = await provider.prepare(request)
+        assert usage_of(events).prompt_tokens == len(expected) == prepared.num_tokens
         assert usage_of(events).reasoning_tokens == 0
 
     async def test_logprobs_ride_with_content(self, provider: LocalProvider) -> None:

@@ -182,6 +182,21 @@ def test_thinking_keeps_the_clients_own_settings() -> None:
     assert "reasoning_effort" not in body_of(off, "reasoning_effort")
 
 
+@pytest.mark.parametrize(
+    ("budget", "client", "expected"),
+    [(None, None, "medium"), (1000, None, "low"), (1000, "high", "low"),
+     (20000, None, "medium"), (20000, "high", "high"), (5000, "minimal", "minimal")],
+)  # fmt: skip
+def test_a_reasoning_budget_caps_the_effort(
+    budget: int | None, client: str | None, expected: str
+) -> None:
+    extra = {} if client is None else {"reasoning_effort": client}
+    sampling = Sampling(max_reasoning_tokens=budget)
+    request = ChatRequest(model="m", messages=(), thinking=True, sampling=sampling, extra=extra)
+    assert body_of(request, "reasoning_effort")["reasoning_effort"] == expected
+    assert "max_reasoning_tokens" not in body_of(request, "deepseek")
+
+
 def test_openai_style_upstreams_get_max_completion_tokens() -> None:
     request = ChatRequest(model="m", messages=(), sampling=Sampling(max_tokens=9))
     body = body_of(request, "reasoning_effort")

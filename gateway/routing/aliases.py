@@ -3,7 +3,9 @@
 A client asks for a public model id. Configured models map to their routes in order (the next one
 is tried when a route fails before the first byte reached the client). `provider/model` addresses
 a live provider's model directly, e.g. `deepseek/deepseek-chat`, only where that provider's
-`direct_models` allows the model (a name or a glob pattern such as `deepseek-*`).
+`direct_models` allows the model (a name or a glob pattern such as `deepseek-*`); direct
+addressing is static. Each configured model has a routing mode (static, auto, shadow: see
+gateway/routing/decide.py).
 
 Metrics and usage counters name a model by `label`: a configured model id, or for a direct
 address the `provider/pattern` that allowed it, so clients cannot create series or usage fields
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from gateway.errors import NotFound
-from gateway.settings import ModelSettings
+from gateway.settings import ModelSettings, RoutingMode
 from providers.base import ModelCard, Provider
 
 
@@ -50,6 +52,7 @@ class Router:
         self._created = int(time.time())  # what /v1/models reports as each model's `created`
         self._routes: dict[str, tuple[Route, ...]] = {}
         self._owners: dict[str, str] = {}
+        self._modes: dict[str, RoutingMode] = {}
         for model_id, model in models.items():
             routes = tuple(
                 Route(self.providers[r.provider], r.model, r.thinking)
@@ -59,6 +62,7 @@ class Router:
             if routes:
                 self._routes[model_id] = routes
                 self._owners[model_id] = model.owned_by
+                self._modes[model_id] = model.routing
 
     def resolve(self, model: str) -> tuple[Route, ...]:
         routes = self._routes.get(model)
@@ -92,6 +96,9 @@ class Router:
         if pattern is not None:
             return f"{model.partition('/')[0]}/{pattern}"
         return "other"
+
+    def mode(self, model: str) -> RoutingMode:
+        return self._modes.get(model, "static")
 
     def cards(self) -> list[ModelCard]:
         """The public model list (configured models; direct provider/model ids are not listed)."""

@@ -1,0 +1,51 @@
+"""`x-gateway-route`: every routed answer says where it went and why.
+
+Format: `; `-separated `name=value` fields, in this order (optional ones only when they apply):
+  provider=<provider>; model=<provider-side model>; thinking=on|off; reason=<reason>
+  [; score=<0.00-1.00>] [; client=refused] [; overflow=queue|context] [; skipped=<p1>,<p2>]
+  [; shadow_thinking=on|off; shadow_reason=<reason>[; shadow_score=<score>]]
+Reasons: policy:off, policy:on, client, route, default, rule:<name>@<version>, sticky, score.
+`thinking=off` also stands for "the provider's default" (DeepSeek-V3.1's is off).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.routing.aliases import Route
+from gateway.routing.decide import Decision
+
+HEADER = "x-gateway-route"
+ROUTE = web.RequestKey("gateway_route", str)
+
+
+def on_off(thinking: bool | None) -> str:
+    return "on" if thinking else "off"
+
+
+def explain(decision: Decision, route: Route, skipped: list[str]) -> str:
+    fields = [
+        f"provider={route.provider_name}",
+        f"model={route.model}",
+        f"thinking={on_off(decision.thinking_for(route))}",
+        f"reason={decision.reason_for(route)}",
+    ]
+    if decision.score is not None:
+        fields.append(f"score={decision.score:.2f}")
+    fields.extend(decision.notes)
+    if skipped:
+        fields.append("skipped=" + ",".join(skipped))
+    shadow = decision.shadow
+    if shadow is not None:
+        fields.append(f"shadow_thinking={on_off(shadow.thinking)}")
+        fields.append(f"shadow_reason={shadow.reason}")
+        if shadow.score is not None:
+            fields.append(f"shadow_score={shadow.score:.2f}")
+    return "; ".join(fields)
+
+
+async def add_route_header(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: the request's route (when it got one) on its answer, errors too."""
+    value = request.get(ROUTE)
+    if value:
+        response.headers[HEADER] = value

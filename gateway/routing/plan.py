@@ -1,0 +1,78 @@
+"""The routing step of a request: model -> routes, the prompt prepared once, the decision.
+
+`plan` resolves the public model (a model this gateway does not serve falls back to the key's
+default model), checks the key may use it, prepares the prompt off the event loop where a route's
+provider prepares prompts (the local engine: the ids then travel with the request to admission,
+the engine and usage; nothing tokenizes it again), and asks the router seam for a decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gateway.access import Principal, require_model
+from gateway.errors import NotFound
+from gateway.metrics import Metrics
+from gateway.routing.aliases import Route, Router
+from gateway.routing.decide import Decider, Decision, RoutingInput
+from gateway.routing.explain import on_off
+from gateway.tokens import prompt_tokens
+from providers.types import ChatRequest
+
+
+class RoutePlanner:
+    def __init__(self, router: Router, decider: Decider, metrics: Metrics) -> None:
+        self.router = router
+        self.decider = decider
+        self.metrics = metrics
+
+    async def plan(
+        self, principal: Principal, chat: ChatRequest, protocol: str
+    ) -> tuple[str, ChatRequest, Decision]:
+        """The public model served, the request (its prompt prepared), and the decision."""
+        public_model, routes = self._resolve(chat.model, principal)
+        require_model(principal, public_model)
+        chat = await self._prepare(chat, routes, principal)
+        decision = await self.decider.decide(
+            RoutingInput(
+                request=chat,
+                protocol=protocol,
+                public_model=public_model,
+                routes=routes,
+                mode=self.router.mode(public_model),
+                policy=principal.policy,
+                key_id=principal.key_id,
+                prompt_tokens=prompt_tokens(chat),
+            )
+        )
+        return public_model, chat, decision
+
+    def count(self, decision: Decision, route: Route) -> None:
+        """The Prometheus count of the decision applied (and of the shadow one, if any)."""
+        counter = self.metrics.routing_decisions
+        thinking = on_off(decision.thinking_for(route))
+        counter.labels(route.provider_name, thinking, decision.reason_for(route), "applied").inc()
+        shadow = decision.shadow
+        if shadow is not None:
+            counter.labels(
+                route.provider_name, on_off(shadow.thinking), shadow.reason, "shadow"
+            ).inc()
+
+    def _resolve(self, model: str, principal: Principal) -> tuple[str, tuple[Route, ...]]:
+        try:
+            return model, self.router.resolve(model)
+        except NotFound:
+            default = principal.policy.default_model
+            if default is None or default == model:
+                raise
+            return default, self.router.resolve(default)
+
+    async def _prepare(
+        self, chat: ChatRequest, routes: tuple[Route, ...], principal: Principal
+    ) -> ChatRequest:
+        for route in routes:
+            prepare = getattr(route.provider, "prepare", None)
+            if prepare is None or not principal.policy.may_use(self.decider.is_local(route)):
+                continue
+            return replace(chat, prepared=await prepare(chat))  # may raise ProviderError
+        return chat
