@@ -11,7 +11,7 @@ from aiohttp import web
 from gateway import handlers
 from gateway.access import AccessControl
 from gateway.admin.api import setup_admin
-from gateway.appkeys import ACCESS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS
+from gateway.appkeys import ACCESS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS, SIGNER
 from gateway.keys.access import RedisAccessControl
 from gateway.metrics import Metrics
 from gateway.middleware import add_request_id, error_middleware
@@ -21,6 +21,7 @@ from gateway.provider_factory import open_providers
 from gateway.redis_server import open_redis
 from gateway.routing import Router
 from gateway.settings import Settings
+from gateway.thinking_signature import ThinkingSigner
 
 log = structlog.get_logger("gateway.app")
 
@@ -31,11 +32,23 @@ def create_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
+    app[SIGNER] = thinking_signer(settings)
     app.on_response_prepare.append(add_request_id)
     app.cleanup_ctx.append(_resources)
     app.add_routes(handlers.routes())
     setup_admin(app, settings)
     return app
+
+
+def thinking_signer(settings: Settings) -> ThinkingSigner:
+    secret = settings.messages.signing_secret
+    if secret is None:
+        log.warning(
+            "thinking_signing_secret_unset",
+            hint="set GATEWAY_MESSAGES__SIGNING_SECRET so thinking signatures survive restarts",
+        )
+        return ThinkingSigner()
+    return ThinkingSigner(secret.get_secret_value().encode())
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
@@ -57,9 +70,15 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             access = OpenAccess()
         app[ACCESS] = access
         providers = await stack.enter_async_context(open_providers(settings, app[METRICS]))
-        router = Router(providers, settings.models)
+        router = Router(providers, settings.models, settings.model_patterns)
         app[ROUTER] = router
-        pipeline = Pipeline(router, access, app[METRICS], settings.limits.default_max_tokens)
+        pipeline = Pipeline(
+            router,
+            access,
+            app[METRICS],
+            settings.limits.default_max_tokens,
+            keepalive_s=settings.server.keepalive_s,
+        )
         stack.push_async_callback(pipeline.drain)  # settle everything before Redis closes
         app[PIPELINE] = pipeline
         log.info("gateway_ready", models=[c.id for c in router.cards()])

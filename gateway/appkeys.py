@@ -10,6 +10,7 @@ from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
 from gateway.routing import Router
 from gateway.settings import Settings
+from gateway.thinking_signature import ThinkingSigner
 
 SETTINGS = web.AppKey("settings", Settings)
 REDIS = web.AppKey("redis", Redis)
@@ -17,3 +18,4 @@ ACCESS = web.AppKey("access", AccessControl)
 ROUTER = web.AppKey("router", Router)
 METRICS = web.AppKey("metrics", Metrics)
 PIPELINE = web.AppKey("pipeline", Pipeline)
+SIGNER = web.AppKey("thinking_signer", ThinkingSigner)

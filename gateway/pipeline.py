@@ -28,6 +28,7 @@ from gateway.errors import (
 )
 from gateway.metrics import Metrics
 from gateway.middleware import REQUEST_ID
+from gateway.pacing import paced
 from gateway.routing import Route, Router
 from gateway.tokens import count_prompt_tokens
 from providers import errors as perr
@@ -51,6 +52,10 @@ class StreamEncoder(Protocol):
     @property
     def usage(self) -> Usage | None: ...
     def start(self) -> bytes: ...
+    def keepalive(self) -> bytes | None:
+        """The frame that fills a silence in the stream; None: the protocol sends none."""
+        ...
+
     def encode(self, event: Event) -> bytes | None: ...
     def close(self, finish: FinishReason | None = None) -> list[bytes]: ...
     def fail(self, error: GatewayError) -> bytes:
@@ -72,7 +77,9 @@ class Wire(Protocol):
     id_prefix: str
     include_usage: bool
 
-    def stream_encoder(self, completion_id: str, model: str) -> StreamEncoder: ...
+    def stream_encoder(
+        self, completion_id: str, model: str, prompt_tokens: int = 0
+    ) -> StreamEncoder: ...
     def aggregator(self) -> Aggregator: ...
 
 
@@ -127,12 +134,18 @@ class _Tally:
 
 class Pipeline:
     def __init__(
-        self, router: Router, access: AccessControl, metrics: Metrics, default_max_tokens: int
+        self,
+        router: Router,
+        access: AccessControl,
+        metrics: Metrics,
+        default_max_tokens: int,
+        keepalive_s: float = 15.0,
     ) -> None:
         self.router = router
         self.access = access
         self.metrics = metrics
         self.default_max_tokens = default_max_tokens
+        self.keepalive_s = keepalive_s
         self._settling: set[asyncio.Task[None]] = set()
 
     async def drain(self) -> None:
@@ -143,7 +156,7 @@ class Pipeline:
     async def serve(
         self, request: web.Request, principal: Principal, chat: ChatRequest, wire: Wire
     ) -> web.StreamResponse:
-        public_model = chat.model
+        public_model = self.router.canonical(chat.model)
         routes = self.router.resolve(public_model)
         require_model(principal, public_model)
         structlog.contextvars.bind_contextvars(key_id=principal.key_id, model=public_model)
@@ -257,13 +270,27 @@ class Pipeline:
             }
         )
         await resp.prepare(request)
-        encoder = wire.stream_encoder(wire.id_prefix + request[REQUEST_ID], model)
+        encoder = wire.stream_encoder(
+            wire.id_prefix + request[REQUEST_ID], model, grant.ticket.prompt_tokens
+        )
         await resp.write(encoder.start())
+        keepalive = encoder.keepalive()
+        source: AsyncGenerator[Event | None, None] = (
+            events if keepalive is None else paced(events, self.keepalive_s)
+        )
+        loop = asyncio.get_running_loop()
+        written = loop.time()
         try:
-            async for event in events:
-                frame = encoder.encode(event)
+            async for event in source:
+                frame = encoder.encode(event) if event is not None else None
+                if frame is None and keepalive is not None:
+                    if loop.time() - written < self.keepalive_s:
+                        continue
+                    frame = keepalive
                 if frame is not None:
                     await resp.write(frame)
+                    if keepalive is not None:
+                        written = loop.time()
         except perr.ProviderError as exc:
             exc.provider = exc.provider or "upstream"
             err = provider_error_to_gateway(exc)
@@ -272,6 +299,8 @@ class Pipeline:
             tally.finish = None
             return resp
         finally:
+            if source is not events:
+                await source.aclose()
             await events.aclose()
         await resp.write(b"".join(encoder.close()))
         return resp

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from gateway.errors import NotFound
 from gateway.settings import ModelSettings
@@ -31,8 +32,14 @@ class Route:
 
 
 class Router:
-    def __init__(self, providers: Mapping[str, Provider], models: Mapping[str, ModelSettings]):
+    def __init__(
+        self,
+        providers: Mapping[str, Provider],
+        models: Mapping[str, ModelSettings],
+        patterns: Mapping[str, str] | None = None,
+    ):
         self.providers = dict(providers)
+        self._patterns = tuple((patterns or {}).items())
         self._created = int(time.time())  # what /v1/models reports as each model's `created`
         self._routes: dict[str, tuple[Route, ...]] = {}
         self._owners: dict[str, str] = {}
@@ -45,6 +52,16 @@ class Router:
             if routes:
                 self._routes[model_id] = routes
                 self._owners[model_id] = model.owned_by
+
+    def canonical(self, model: str) -> str:
+        """The configured model a client's id stands for: itself, or the target of the first
+        model pattern it matches (configured ids and `provider/model` ids are never mapped)."""
+        if model in self._routes or "/" in model:
+            return model
+        for pattern, target in self._patterns:
+            if fnmatchcase(model, pattern):
+                return target
+        return model
 
     def resolve(self, model: str) -> tuple[Route, ...]:
         routes = self._routes.get(model)

@@ -68,6 +68,15 @@ class LimitSettings(BaseModel):
     usage_stream_maxlen: int = Field(default=1_000_000, gt=0)
 
 
+class MessagesSettings(BaseModel):
+    """The Anthropic Messages API (`/v1/messages`)."""
+
+    model_config = _FROZEN
+    # HMAC secret signing thinking blocks (environment only: GATEWAY_MESSAGES__SIGNING_SECRET);
+    # unset: a random one per process, so signatures do not survive a restart or cross replicas.
+    signing_secret: SecretStr | None = None
+
+
 class ProviderSettings(BaseModel):
     """One configured provider. `kind = "openai"`: an upstream speaking the OpenAI API;
     `kind = "local"`: the embedded DeepSeek-V3.1 engine."""
@@ -177,6 +186,10 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
+    # Model-id patterns (fnmatch, first match wins) -> a configured model, for clients that
+    # ask for their own ids: {"claude-*haiku*" = "deepseek-chat", "claude-*" = "deepseek-reasoner"}.
+    model_patterns: dict[str, str] = Field(default_factory=dict)
+    messages: MessagesSettings = MessagesSettings()
     # Add the built-in TaoToken / DeepSeek / OpenAI providers whose key env var is set.
     use_presets: bool = True
 
@@ -200,6 +213,9 @@ class Settings(BaseSettings):
                     raise ValueError(
                         f"model {model_id!r} routes to unknown provider {route.provider!r}"
                     )
+        for pattern, target in self.model_patterns.items():
+            if target not in self.models:
+                raise ValueError(f"model pattern {pattern!r} names unknown model {target!r}")
         return self
 
     def live_providers(self) -> tuple[dict[str, ProviderSettings], dict[str, str]]:

@@ -91,6 +91,9 @@ class ChatStreamEncoder:
         """The first chunk: role only (sent as soon as the provider answered)."""
         return self._chunk({"content": ""})
 
+    def keepalive(self) -> bytes | None:
+        return None
+
     def encode(self, event: Event) -> bytes | None:
         if isinstance(event, TextDelta):
             return self._chunk({"content": event.text}, logprobs=event.logprobs)
@@ -204,7 +207,9 @@ class ChatWire:
     def __init__(self, include_usage: bool) -> None:
         self.include_usage = include_usage
 
-    def stream_encoder(self, completion_id: str, model: str) -> ChatStreamEncoder:
+    def stream_encoder(
+        self, completion_id: str, model: str, prompt_tokens: int = 0
+    ) -> ChatStreamEncoder:
         return ChatStreamEncoder(completion_id, model, self.include_usage)
 
     def aggregator(self) -> ChatAggregator:
