@@ -109,6 +109,11 @@ async def get_model(request: web.Request) -> web.Response:
     return web.json_response(_card(request.app[ROUTER].card(request.match_info["model"])))
 
 
+async def root(request: web.Request) -> web.Response:
+    """`GET /` and `HEAD /`: Claude Code probes its base URL before the first request."""
+    return web.json_response({"status": "ok"})
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -150,6 +155,7 @@ def routes() -> list[web.RouteDef]:
             web.get(f"{prefix}/models/{{model:.+}}", get_model),
         ]
     table += [
+        web.get("/", root),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         web.get("/metrics", metrics),
