@@ -86,6 +86,7 @@ class LocalGateway:
     root: str
     key: str
     app: web.Application
+    prefix: str  # the gateway's Redis key prefix
 
     @property
     def base_url(self) -> str:
@@ -106,7 +107,7 @@ async def open_local_gateway(model_path: Path, **engine: Any) -> AsyncIterator[L
     redis = Redis.from_url(REDIS_URL)
     try:
         secret, _ = await KeyStore(redis, prefix=prefix).create(KeyCreate(name="e2e"))
-        yield LocalGateway(root, secret, runner.app)
+        yield LocalGateway(root, secret, runner.app, prefix)
     finally:
         await runner.cleanup()
         keys = [k async for k in redis.scan_iter(match=f"{prefix}*", count=1000)]
