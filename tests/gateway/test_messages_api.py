@@ -10,10 +10,12 @@ from typing import Any
 
 import anthropic
 import pytest
+from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeySpace, KeyStore
+from gateway.settings import Settings
 from gateway.tokens import estimate_prompt_tokens
 from gateway.wire.messages_request import parse_count_tokens
 from tests.gateway.conftest import (
@@ -444,3 +446,13 @@ async def test_client_leaving_mid_stream_is_settled(gw: MessagesGateway) -> None
     assert len(entries) == 1 and entries[0][b"status"] == b"499"
     assert entries[0][b"error_code"] == b"client_disconnected"
     assert entries[0][b"completion_tokens"] == b"1"
+
+
+def test_a_model_pattern_must_name_a_configured_model() -> None:
+    models = {"chat": {"routes": [{"provider": "mock", "model": "echo"}]}}
+    providers = {"mock": {"kind": "openai", "base_url": "http://127.0.0.1:1/v1"}}
+    Settings(use_presets=False, providers=providers, models=models, model_patterns={"c-*": "chat"})
+    with pytest.raises(ValidationError, match="unknown model 'nope'"):
+        Settings(
+            use_presets=False, providers=providers, models=models, model_patterns={"c-*": "nope"}
+        )
