@@ -42,6 +42,7 @@ from redis.asyncio import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from backend.text.tokenizer import Tokenizer  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.keys.records import KeyCreate  # noqa: E402
 from gateway.keys.store import KeyStore  # noqa: E402
@@ -136,8 +137,6 @@ class ScriptedUpstream:
 
 
 def local_checkpoint(data: Path, scripted: bool) -> Path:
-    from backend.text.tokenizer import Tokenizer
-
     tiny = build_tiny_checkpoint(data / "tiny")
     if not scripted:
         return tiny
