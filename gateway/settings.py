@@ -79,10 +79,11 @@ class MessagesSettings(BaseModel):
 
 class ProviderSettings(BaseModel):
     """One configured provider. `kind = "openai"`: an upstream speaking the OpenAI API;
+    `kind = "anthropic"`: one speaking the Anthropic Messages API (base_url before /v1/messages);
     `kind = "local"`: the embedded DeepSeek-V3.1 engine."""
 
     model_config = _FROZEN
-    kind: Literal["openai", "local"] = "openai"
+    kind: Literal["openai", "anthropic", "local"] = "openai"
     base_url: str = ""
     api_key_env: str | None = None
     enabled: bool = True
@@ -97,8 +98,10 @@ class ProviderSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ProviderSettings:
-        if self.kind == "openai" and not self.base_url.startswith(("http://", "https://")):
-            raise ValueError("an openai provider needs base_url starting with http:// or https://")
+        if self.kind != "local" and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"an {self.kind} provider needs base_url starting with http:// or https://"
+            )
         return self
 
     def api_key(self) -> str | None:

@@ -16,6 +16,11 @@ import secrets
 _MARK = "gwt1."
 
 
+def is_gateway_signature(signature: str) -> bool:
+    """Whether `signature` has this gateway's form (whichever secret or key made it)."""
+    return signature.startswith(_MARK)
+
+
 class ThinkingSigner:
     def __init__(self, secret: bytes | None = None) -> None:
         self.ephemeral = secret is None

@@ -105,6 +105,8 @@ class ChatRequest:
     `tool_choice`: "auto" | "none" | "required" | {"type": "function", "function": {"name"}}.
     `response_format`: the client's object, passed through.
     `extra`: provider-specific fields a client sent that a pass-through upstream may want.
+    `anthropic_body`: the client's own Messages API body, for an upstream that speaks Messages
+    (sent as it came, nothing lost in translation); None for other front-end protocols.
     """
 
     model: str
@@ -121,6 +123,7 @@ class ChatRequest:
     # Legacy /v1/completions: a raw prompt instead of messages (no chat template applied).
     prompt: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    anthropic_body: dict[str, Any] | None = None
 
 
 # ---- events a provider yields, in order -------------------------------------------------------
@@ -134,7 +137,11 @@ class TextDelta:
 
 @dataclass(frozen=True, slots=True)
 class ReasoningDelta:
+    """`signature`: the provider's own signature of the reasoning block this delta ends
+    (Anthropic's), carried back to Messages clients; None from every other provider."""
+
     text: str
+    signature: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

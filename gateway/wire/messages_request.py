@@ -19,6 +19,9 @@ Mapping:
 - `thinking`: enabled -> on, disabled -> off, adaptive -> the route's default. `budget_tokens` is
   checked (below max_tokens) but DeepSeek takes no reasoning budget: max_tokens bounds it.
 - `stop_sequences` -> stop; `metadata.user_id` -> user; `cache_control` is accepted and ignored.
+The body itself also travels in `anthropic_body`, for upstreams that speak Messages, less the
+thinking blocks they would refuse (unsigned, or signed by this gateway) and any assistant
+message that leaves empty.
 Unknown fields and unknown block types are ignored; known fields with wrong types are a 400
 naming the field.
 """
@@ -33,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import InvalidRequest
+from gateway.thinking_signature import is_gateway_signature
 from gateway.wire.chat_request import validate_body
 from providers.types import ChatRequest, Message, Sampling, Tool, ToolCall
 
@@ -291,7 +295,28 @@ def parse_messages(data: Any, request_id: str, trust: Trust) -> ChatRequest:
     )
     chat = _chat(body, request_id, trust, sampling)
     user = body.metadata.user_id if body.metadata else None
-    return replace(chat, stream=body.stream, user=user)
+    return replace(chat, stream=body.stream, user=user, anthropic_body=_upstream_body(data))
+
+
+def _upstream_body(data: dict[str, Any]) -> dict[str, Any]:
+    """The client's body for a Messages upstream: thinking blocks it can verify only."""
+    messages = []
+    for message in data["messages"]:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [block for block in content if not _foreign_thinking(block)]
+            if not content:
+                continue
+            message = {**message, "content": content}
+        messages.append(message)
+    return {**data, "messages": messages}
+
+
+def _foreign_thinking(block: Any) -> bool:
+    if not isinstance(block, dict) or block.get("type") != "thinking":
+        return False
+    signature = block.get("signature")
+    return not isinstance(signature, str) or not signature or is_gateway_signature(signature)
 
 
 def parse_count_tokens(data: Any, request_id: str, trust: Trust) -> ChatRequest:

@@ -7,8 +7,9 @@ and `message_stop`. Frames are `event: <type>\\ndata: <json>\\n\\n`; `ping` fram
 failure after the stream started is `event: error` with the error body, and no block still open
 is stopped (so it cannot pass for finished).
 
-Blocks: reasoning -> `thinking` (`thinking_delta`s, then a `signature_delta` with this gateway's
-signature; see gateway/thinking_signature.py); text -> `text` (`text_delta`); each tool call ->
+Blocks: reasoning -> `thinking` (`thinking_delta`s, then a `signature_delta`: the provider's own
+signature where it gave one, an Anthropic upstream's, else this gateway's; see
+gateway/thinking_signature.py); text -> `text` (`text_delta`); each tool call ->
 `tool_use`, whose input is sent as one `input_json_delta` when the call is complete, checked to
 be a JSON object (`{}` when the model's arguments were not one), since the clients parse every
 fragment as partial JSON and fail on anything else.
@@ -71,6 +72,7 @@ class _Block:
         self.index = index
         self.call_id = call_id
         self.name = name
+        self.signature: str | None = None  # the provider's own, for a thinking block
         self.pieces: list[str] = []
 
     @property
@@ -101,7 +103,10 @@ class MessageBuilder:
         if isinstance(event, TextDelta):
             return self._delta("text", event.text)
         if isinstance(event, ReasoningDelta):
-            return self._delta("thinking", event.text)
+            events = self._delta("thinking", event.text)
+            if event.signature is not None and self._open and self._open.kind == "thinking":
+                self._open.signature = event.signature
+            return events
         if isinstance(event, ToolCallDelta):
             return self._tool(event)
         if isinstance(event, Usage):
@@ -144,13 +149,16 @@ class MessageBuilder:
             return []
         events: list[dict[str, Any]] = []
         if block.kind == "thinking":
-            delta = {"type": "signature_delta", "signature": self._sign(block.text)}
+            delta = {"type": "signature_delta", "signature": self._signature(block)}
             events.append({"type": "content_block_delta", "index": block.index, "delta": delta})
         elif block.kind == "tool_use":
             partial = jsoncodec.dumps(tool_input(block.text)).decode()
             delta = {"type": "input_json_delta", "partial_json": partial}
             events.append({"type": "content_block_delta", "index": block.index, "delta": delta})
         return [*events, {"type": "content_block_stop", "index": block.index}]
+
+    def _signature(self, block: _Block) -> str:
+        return block.signature if block.signature is not None else self._sign(block.text)
 
     def stop_reason(self, finish: FinishReason | None = None) -> str:
         reason = finish or self.finish or "stop"
@@ -164,8 +172,8 @@ class MessageBuilder:
             if block.kind == "text":
                 out.append({"type": "text", "text": block.text})
             elif block.kind == "thinking":
-                text = block.text
-                out.append({"type": "thinking", "thinking": text, "signature": self._sign(text)})
+                signature = self._signature(block)
+                out.append({"type": "thinking", "thinking": block.text, "signature": signature})
             else:
                 call = {"type": "tool_use", "id": block.call_id, "name": block.name}
                 out.append({**call, "input": tool_input(block.text)})
