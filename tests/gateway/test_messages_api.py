@@ -109,6 +109,27 @@ async def test_create_answers_text_with_usage(gw: MessagesGateway) -> None:
     assert sent["messages"] == USER and sent["max_tokens"] == 100
 
 
+async def test_cached_prompt_tokens_are_cache_reads(gw: MessagesGateway) -> None:
+    msg = await gw.client().messages.create(
+        model="mock/echo-cached-3", max_tokens=100, messages=USER
+    )
+    assert msg.usage.input_tokens == 1 and msg.usage.cache_read_input_tokens == 3
+    assert msg.usage.cache_creation_input_tokens == 0
+
+
+async def test_tool_use_without_streaming(gw: MessagesGateway) -> None:
+    msg = await gw.client().messages.create(
+        model="mock/tools-calls-2",
+        max_tokens=100,
+        messages=[{"role": "user", "content": "find cats"}],
+        tools=[LOOKUP],  # type: ignore[list-item]
+    )
+    assert msg.stop_reason == "tool_use"
+    assert [(b.type, b.id, b.input) for b in msg.content] == [  # type: ignore[union-attr]
+        ("tool_use", f"call_mock{i}", {"query": "find cats"}) for i in range(2)
+    ]
+
+
 async def test_claude_ids_map_by_pattern_and_are_echoed(gw: MessagesGateway) -> None:
     c = gw.client()
     msg = await c.messages.create(model="claude-sonnet-4-7-20260101", max_tokens=50, messages=USER)
