@@ -28,7 +28,7 @@ from gateway.errors import (
 )
 from gateway.metrics import Metrics
 from gateway.middleware import REQUEST_ID
-from gateway.pacing import paced
+from gateway.pacing import frames
 from gateway.routing import Route, Router
 from gateway.tokens import count_prompt_tokens
 from providers import errors as perr
@@ -274,23 +274,10 @@ class Pipeline:
             wire.id_prefix + request[REQUEST_ID], model, grant.ticket.prompt_tokens
         )
         await resp.write(encoder.start())
-        keepalive = encoder.keepalive()
-        source: AsyncGenerator[Event | None, None] = (
-            events if keepalive is None else paced(events, self.keepalive_s)
-        )
-        loop = asyncio.get_running_loop()
-        written = loop.time()
+        out = frames(events, encoder, self.keepalive_s)
         try:
-            async for event in source:
-                frame = encoder.encode(event) if event is not None else None
-                if frame is None and keepalive is not None:
-                    if loop.time() - written < self.keepalive_s:
-                        continue
-                    frame = keepalive
-                if frame is not None:
-                    await resp.write(frame)
-                    if keepalive is not None:
-                        written = loop.time()
+            async for frame in out:
+                await resp.write(frame)
         except perr.ProviderError as exc:
             exc.provider = exc.provider or "upstream"
             err = provider_error_to_gateway(exc)
@@ -299,8 +286,7 @@ class Pipeline:
             tally.finish = None
             return resp
         finally:
-            if source is not events:
-                await source.aclose()
+            await out.aclose()  # first: it may hold a read of `events` in flight
             await events.aclose()
         await resp.write(b"".join(encoder.close()))
         return resp

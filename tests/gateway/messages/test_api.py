@@ -1,100 +1,29 @@
 """The Anthropic Messages API through the real app, with the official anthropic SDK as client, in
-front of the mock OpenAI-compatible upstream."""
+front of the mock OpenAI-compatible upstream: answers, streams, tools, thinking, count_tokens."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import anthropic
 import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from gateway.keys.records import KeyCreate
-from gateway.keys.store import KeySpace, KeyStore
+from gateway.keys.store import KeyStore
 from gateway.settings import Settings
 from gateway.tokens import estimate_prompt_tokens
 from gateway.wire.messages_request import parse_count_tokens
-from tests.gateway.conftest import (
-    REDIS_URL,
-    Gateway,
-    RawResponse,
-    gateway_settings,
-    start_gateway,
+from tests.gateway.conftest import REDIS_URL
+from tests.gateway.messages.conftest import (
+    LOOKUP,
+    USER,
+    MessagesGateway,
+    raw_stream,
+    usage_records,
 )
-from tests.messages_rules import check_messages_stream
-from tests.mock_upstream import REASONING_TEXT, MockUpstream
-
-USER = [{"role": "user", "content": "hello there world"}]
-LOOKUP = {
-    "name": "lookup",
-    "description": "Look something up",
-    "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}},
-}
-
-
-@pytest.fixture
-async def gw(mock_upstream: MockUpstream, redis_prefix: str) -> AsyncIterator[MessagesGateway]:
-    mock = {"kind": "openai", "base_url": mock_upstream.base_url, "idle_timeout_s": 5}
-    settings = gateway_settings(
-        mock_upstream,
-        redis_prefix,
-        server={"host": "127.0.0.1", "port": 0, "max_body_bytes": 64 * 1024, "keepalive_s": 0.05},
-        providers={"mock": mock, "history": {**mock, "send_reasoning_history": True}},
-        models={
-            "echo-model": {"routes": [{"provider": "mock", "model": "echo"}]},
-            "reasoner-model": {"routes": [{"provider": "mock", "model": "echo", "thinking": True}]},
-            "thinker": {"routes": [{"provider": "history", "model": "reasoning-content"}]},
-            "tools-model": {"routes": [{"provider": "mock", "model": "tools"}]},
-            "stall-model": {"routes": [{"provider": "mock", "model": "stall"}]},
-        },
-        model_patterns={"claude-*haiku*": "echo-model", "claude-*": "reasoner-model"},
-        messages={"signing_secret": "test-signing-secret"},
-    )
-    runner, root = await start_gateway(settings)
-    redis = Redis.from_url(REDIS_URL)
-    secret, _ = await KeyStore(redis, prefix=redis_prefix).create(KeyCreate(name="tests"))
-    await redis.aclose()
-    gateway = MessagesGateway(root, secret, mock_upstream, runner.app, redis_prefix, 64 * 1024)
-    try:
-        yield gateway
-    finally:
-        for made in gateway.clients:
-            await made.close()
-        await runner.cleanup()
-
-
-@dataclass
-class MessagesGateway(Gateway):
-    clients: list[anthropic.AsyncAnthropic] = field(default_factory=list)
-
-    def client(self, **kw: Any) -> anthropic.AsyncAnthropic:
-        """An anthropic SDK client of this gateway, closed with the fixture."""
-        kw.setdefault("max_retries", 0)
-        made = anthropic.AsyncAnthropic(
-            base_url=self.root, api_key=kw.pop("api_key", self.key), **kw
-        )
-        self.clients.append(made)
-        return made
-
-
-async def post(
-    gw: MessagesGateway, body: bytes, headers: dict[str, str] | None = None
-) -> RawResponse:
-    hdrs = {"x-api-key": gw.key} if headers is None else headers
-    return await gw.post_bytes(body, path="/v1/messages", headers=hdrs)
-
-
-async def raw_stream(gw: MessagesGateway, body: dict[str, Any], path: str = "/v1/messages") -> Any:
-    resp = await gw.post_bytes(
-        json.dumps({**body, "stream": True}).encode(), path=path, headers={"x-api-key": gw.key}
-    )
-    assert resp.status == 200, resp.body
-    assert resp.headers["Content-Type"].startswith("text/event-stream")
-    return check_messages_stream(resp.body)
+from tests.mock_upstream import REASONING_TEXT
 
 
 async def test_create_answers_text_with_usage(gw: MessagesGateway) -> None:
@@ -137,10 +66,7 @@ async def test_claude_ids_map_by_pattern_and_are_echoed(gw: MessagesGateway) -> 
     assert gw.mock.requests[-1].body["thinking"] == {"type": "enabled"}  # reasoner-model
     await c.messages.create(model="claude-3-5-haiku-20241022", max_tokens=50, messages=USER)
     assert "thinking" not in gw.mock.requests[-1].body  # echo-model: the client's choice
-    await gw.settled()
-    redis = Redis.from_url(REDIS_URL)
-    entries = [f for _, f in await redis.xrange(KeySpace(gw.prefix).usage_log())]
-    await redis.aclose()
+    entries = await usage_records(gw)
     assert [e[b"model"] for e in entries] == [b"reasoner-model", b"echo-model"]
 
 
@@ -364,109 +290,6 @@ async def test_count_tokens_is_the_admission_estimate_upstream(gw: MessagesGatew
     )
     assert resp.status == 200 and json.loads(resp.body)["input_tokens"] > 0
     assert not [r for r in gw.mock.requests if r.path.endswith("/chat/completions")]
-
-
-def _error(body: bytes) -> dict[str, Any]:
-    payload = json.loads(body)
-    assert payload["type"] == "error" and set(payload["error"]) == {"type", "message"}
-    return dict(payload["error"])
-
-
-async def test_every_error_in_anthropic_shape(gw: MessagesGateway) -> None:
-    c = gw.client()
-    with pytest.raises(anthropic.AuthenticationError) as auth:
-        await gw.client(api_key="sk-wrong").messages.create(
-            model="echo-model", max_tokens=5, messages=USER
-        )
-    assert auth.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
-    with pytest.raises(anthropic.NotFoundError) as missing:
-        await c.messages.create(model="no-such-model", max_tokens=5, messages=USER)
-    assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
-    with pytest.raises(anthropic.RateLimitError) as limited:
-        await c.messages.create(model="mock/fail-429", max_tokens=5, messages=USER)
-    assert limited.value.response.headers["retry-after"] == "7"
-    assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
-    with pytest.raises(anthropic.InternalServerError) as failed:
-        await c.messages.create(model="mock/fail-500", max_tokens=5, messages=USER)
-    assert failed.value.status_code == 502
-    assert failed.value.body["error"]["type"] == "api_error"  # type: ignore[index]
-    with pytest.raises(anthropic.BadRequestError) as bad:
-        await c.messages.create(model="mock/fail-400", max_tokens=5, messages=USER)
-    assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
-
-    for body, named in (
-        ({"model": "echo-model", "messages": USER}, "max_tokens"),
-        ({"model": "echo-model", "max_tokens": 5, "messages": [{"role": "tool"}]}, "messages"),
-        ({"model": "echo-model", "max_tokens": 5, "messages": USER, "temperature": 3}, "temp"),
-        (
-            {
-                "model": "echo-model",
-                "max_tokens": 5,
-                "messages": [{"role": "user", "content": [{"type": "document"}]}],
-            },
-            "document",
-        ),
-        (
-            {
-                "model": "echo-model",
-                "max_tokens": 100,
-                "messages": USER,
-                "thinking": {"type": "enabled", "budget_tokens": 100},
-            },
-            "budget_tokens",
-        ),
-    ):
-        resp = await post(gw, json.dumps(body).encode())
-        assert resp.status == 400, body
-        error = _error(resp.body)
-        assert error["type"] == "invalid_request_error" and named in error["message"]
-        assert resp.headers["request-id"]
-    resp = await post(gw, b"{not json")
-    assert resp.status == 400 and _error(resp.body)["type"] == "invalid_request_error"
-    resp = await post(gw, b"x" * (gw.max_body_bytes + 1))
-    assert resp.status == 413 and _error(resp.body)["type"] == "request_too_large"
-    resp = await post(gw, b"{}", {})
-    assert resp.status == 401 and _error(resp.body)["type"] == "authentication_error"
-
-    redis = Redis.from_url(REDIS_URL)
-    narrow, _ = await KeyStore(redis, prefix=gw.prefix).create(
-        KeyCreate(name="narrow", models=["echo-model"])
-    )
-    await redis.aclose()
-    with pytest.raises(anthropic.PermissionDeniedError) as denied:
-        await gw.client(api_key=narrow).messages.create(
-            model="claude-sonnet-4-7", max_tokens=5, messages=USER
-        )
-    assert denied.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
-    # the other protocols keep OpenAI error JSON
-    resp = await gw.post_raw({"model": "no-such-model", "messages": USER})
-    assert resp.status == 404 and json.loads(resp.body)["error"]["code"] == "model_not_found"
-
-
-async def test_failure_mid_stream_is_an_error_event(gw: MessagesGateway) -> None:
-    body = {"model": "mock/error-midstream", "max_tokens": 50, "messages": USER}
-    raw = await raw_stream(gw, body)
-    assert raw.error is not None and raw.error["type"] == "api_error"
-    assert "message_stop" not in raw.names and "content_block_stop" not in raw.names
-    with pytest.raises(anthropic.APIStatusError):
-        async with gw.client().messages.stream(**body) as stream:  # type: ignore[arg-type]
-            await stream.get_final_message()
-
-
-async def test_client_leaving_mid_stream_is_settled(gw: MessagesGateway) -> None:
-    c = gw.client()
-    async with c.messages.stream(model="stall-model", max_tokens=50, messages=USER) as stream:
-        async for event in stream:
-            if event.type == "content_block_delta":
-                break
-    await gw.mock.wait_disconnect()
-    await gw.settled()
-    redis = Redis.from_url(REDIS_URL)
-    entries = [f for _, f in await redis.xrange(KeySpace(gw.prefix).usage_log())]
-    await redis.aclose()
-    assert len(entries) == 1 and entries[0][b"status"] == b"499"
-    assert entries[0][b"error_code"] == b"client_disconnected"
-    assert entries[0][b"completion_tokens"] == b"1"
 
 
 def test_a_model_pattern_must_name_a_configured_model() -> None:
