@@ -190,6 +190,7 @@ class MessagesDecoder:
         self.finished = False
         self._usage: dict[str, int] = {}
         self._stop: str | None = None
+        self._stop_sequence: str | None = None
         self._calls: dict[int, int] = {}  # block index -> tool call index
         self._held: str | None = None  # the latest thinking text, waiting for its signature
 
@@ -206,7 +207,10 @@ class MessagesDecoder:
         elif kind == "content_block_stop":
             self._release(None, out)
         elif kind == "message_delta":
-            self._stop = (event.get("delta") or {}).get("stop_reason") or self._stop
+            delta = event.get("delta") or {}
+            self._stop = delta.get("stop_reason") or self._stop
+            if isinstance(delta.get("stop_sequence"), str):
+                self._stop_sequence = delta["stop_sequence"]
             self._count(event.get("usage"))
         elif kind == "message_stop":
             self.finished = True
@@ -223,7 +227,9 @@ class MessagesDecoder:
         cached = u.get("cache_read_input_tokens", 0)
         prompt = u.get("input_tokens", 0) + cached + u.get("cache_creation_input_tokens", 0)
         reason = _FINISH.get(self._stop or "", "stop")
-        out.append(Finish("tool_calls" if reason == "stop" and self._calls else reason))
+        if reason == "stop" and self._calls:
+            reason = "tool_calls"
+        out.append(Finish(reason, self._stop_sequence if reason == "stop" else None))
         out.append(Usage(prompt, u.get("output_tokens", 0), cached_prompt_tokens=cached))
         self.finished = True
 
@@ -270,5 +276,7 @@ class MessagesDecoder:
             if isinstance(block, dict):
                 self._start(index, block, out)
         self._stop = message.get("stop_reason")
+        if isinstance(message.get("stop_sequence"), str):
+            self._stop_sequence = message["stop_sequence"]
         self._count(message.get("usage"))
         self.finished = True

@@ -171,7 +171,10 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
+    """`stop_sequence`: the stop string that ended the output, where the provider says which."""
+
     reason: FinishReason
+    stop_sequence: str | None = None
 
 
 Event = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish

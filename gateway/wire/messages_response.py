@@ -98,6 +98,7 @@ class MessageBuilder:
         self._calls: dict[int, _Block] = {}
         self.usage: Usage | None = None
         self.finish: FinishReason | None = None
+        self.stop_sequence: str | None = None
 
     def feed(self, event: Event) -> list[dict[str, Any]]:
         if isinstance(event, TextDelta):
@@ -112,7 +113,7 @@ class MessageBuilder:
         if isinstance(event, Usage):
             self.usage = event
         elif isinstance(event, Finish):
-            self.finish = event.reason
+            self.finish, self.stop_sequence = event.reason, event.stop_sequence
         return []
 
     def _delta(self, kind: str, text: str) -> list[dict[str, Any]]:
@@ -164,7 +165,13 @@ class MessageBuilder:
         reason = finish or self.finish or "stop"
         if reason == "stop" and self._calls:
             reason = "tool_calls"
+        if reason == "stop" and self.stop_sequence is not None:
+            return "stop_sequence"
         return _STOP[reason]
+
+    def matched_stop(self) -> str | None:
+        """The stop sequence the answer ended on, when its stop reason says so."""
+        return self.stop_sequence if self.stop_reason() == "stop_sequence" else None
 
     def content(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -219,7 +226,9 @@ class MessagesStreamEncoder:
         builder = self._builder
         events = builder.stop_open()
         usage = builder.usage or Usage(prompt_tokens=self._prompt_tokens)
-        delta = {"stop_reason": builder.stop_reason(finish), "stop_sequence": None}
+        reason = builder.stop_reason(finish)
+        stop = builder.matched_stop() if reason == "stop_sequence" else None
+        delta = {"stop_reason": reason, "stop_sequence": stop}
         events.append({"type": "message_delta", "delta": delta, "usage": usage_json(usage)})
         events.append({"type": "message_stop"})
         return [b"".join(frame(e) for e in events)]
@@ -247,6 +256,7 @@ class MessagesAggregator:
             **_message(completion_id, self._model),
             "content": builder.content(),
             "stop_reason": builder.stop_reason(),
+            "stop_sequence": builder.matched_stop(),
             "usage": usage_json(self.usage),
         }
 

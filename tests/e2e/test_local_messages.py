@@ -194,3 +194,22 @@ async def test_overload_is_529_overloaded_error(tiny_checkpoint: Path) -> None:
 
         results = await asyncio.gather(*(one() for _ in range(6)))
     assert "served" in results and "overloaded" in results
+
+
+async def test_a_stop_sequence_is_reported(local_gateway: LocalGateway) -> None:
+    async with sdk(local_gateway) as client:
+        full = await client.messages.create(
+            model="deepseek-chat", messages=USER, max_tokens=20, extra_body={"top_k": 1}
+        )
+        text = full.content[0].text  # type: ignore[union-attr]
+        assert len(text) > 6
+        stop = text[len(text) // 2 : len(text) // 2 + 3]
+        cut = await client.messages.create(
+            model="deepseek-chat",
+            messages=USER,
+            max_tokens=20,
+            extra_body={"top_k": 1},
+            stop_sequences=[stop],
+        )
+    assert cut.content[0].text == text[: text.index(stop)]  # type: ignore[union-attr]
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from providers.anthropic_wire import MessagesDecoder, build_messages_body
+from providers.openai_wire import ChunkDecoder
 from providers.types import (
     ChatRequest,
     Event,
@@ -88,3 +89,17 @@ def test_a_whole_message_decodes_to_events() -> None:
         Finish("tool_calls"),
         Usage(prompt_tokens=7, completion_tokens=5, cached_prompt_tokens=4),
     ]
+
+
+def test_the_matched_stop_sequence_comes_through() -> None:
+    decoder = MessagesDecoder("anth")
+    out: list[Event] = []
+    delta = {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    decoder.feed({"type": "message_delta", "delta": delta, "usage": {}}, out)
+    decoder.feed({"type": "message_stop"}, out)
+    decoder.end(out)
+    assert Finish("stop", "END") in out
+    chunks = ChunkDecoder("vllm")
+    chunk = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "END"}]}
+    chunks.feed(chunk, out := [])
+    assert out == [Finish("stop", "END")]
