@@ -11,7 +11,7 @@ from aiohttp import web
 from gateway import handlers
 from gateway.access import AccessControl
 from gateway.admin.api import setup_admin
-from gateway.appkeys import ACCESS, BREAKERS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS
+from gateway.appkeys import ACCESS, BREAKERS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS, SIGNER
 from gateway.keepalive import KeepAlive
 from gateway.keys.access import RedisAccessControl
 from gateway.metrics import Metrics
@@ -29,6 +29,7 @@ from gateway.routing.explain import add_route_header
 from gateway.routing.plan import RoutePlanner
 from gateway.routing.sticky import Stickiness
 from gateway.settings import Settings
+from gateway.thinking_signature import ThinkingSigner
 
 log = structlog.get_logger("gateway.app")
 
@@ -39,6 +40,7 @@ def create_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
+    app[SIGNER] = thinking_signer(settings)
     app.on_response_prepare.append(add_request_id)
     app.on_response_prepare.append(add_route_header)
     app.cleanup_ctx.append(_resources)
@@ -46,6 +48,17 @@ def create_app(settings: Settings) -> web.Application:
     setup_admin(app, settings)
     setup_openapi(app)
     return app
+
+
+def thinking_signer(settings: Settings) -> ThinkingSigner:
+    secret = settings.messages.signing_secret
+    if secret is None:
+        log.warning(
+            "thinking_signing_secret_unset",
+            hint="set GATEWAY_MESSAGES__SIGNING_SECRET so thinking signatures survive restarts",
+        )
+        return ThinkingSigner()
+    return ThinkingSigner(secret.get_secret_value().encode())
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
@@ -71,7 +84,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         app[ACCESS] = access
         providers = await stack.enter_async_context(open_providers(settings, app[METRICS]))
         direct = {name: p.direct_models for name, p in settings.live_providers()[0].items()}
-        router = Router(providers, settings.models, direct)
+        router = Router(providers, settings.models, direct, settings.model_patterns)
         app[ROUTER] = router
         limits = OutputLimits(settings.models, settings.limits.default_max_tokens)
         keepalive = KeepAlive(settings.server.stream_headers_after_s, settings.server.keepalive_s)

@@ -11,6 +11,7 @@ from gateway.pipeline import Pipeline
 from gateway.routing import Router
 from gateway.routing.breaker import Breakers
 from gateway.settings import Settings
+from gateway.thinking_signature import ThinkingSigner
 
 SETTINGS = web.AppKey("settings", Settings)
 REDIS = web.AppKey("redis", Redis)
@@ -19,3 +20,4 @@ ROUTER = web.AppKey("router", Router)
 METRICS = web.AppKey("metrics", Metrics)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 BREAKERS = web.AppKey("breakers", Breakers)
+SIGNER = web.AppKey("thinking_signer", ThinkingSigner)

@@ -8,12 +8,15 @@ from typing import Any
 from aiohttp import web
 
 from gateway.access import Principal
-from gateway.appkeys import ACCESS, BREAKERS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS
+from gateway.appkeys import ACCESS, BREAKERS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS, SIGNER
 from gateway.errors import AuthenticationError, InvalidRequest
 from gateway.middleware import REQUEST_ID
 from gateway.wire.chat_request import parse_chat, parse_completion
 from gateway.wire.chat_response import ChatWire
 from gateway.wire.completion_response import CompletionWire
+from gateway.wire.messages_request import parse_count_tokens, parse_messages
+from gateway.wire.messages_response import MessagesWire
+from gateway.wire.messages_tokens import count_message_tokens
 from gateway.wire.responses_request import parse_responses
 from gateway.wire.responses_response import ResponsesWire
 from providers import jsoncodec
@@ -66,6 +69,31 @@ async def responses(request: web.Request) -> web.StreamResponse:
     return await request.app[PIPELINE].serve(request, principal, parsed.chat, wire)
 
 
+async def messages(request: web.Request) -> web.StreamResponse:
+    principal = await authenticate(request)
+    signer = request.app[SIGNER]
+    key_id = principal.key_id
+    chat = parse_messages(
+        await read_json(request),
+        request[REQUEST_ID],
+        lambda text, signature: signer.verify(key_id, text, signature),
+    )
+    wire = MessagesWire(chat.model, lambda text: signer.sign(key_id, text))
+    return await request.app[PIPELINE].serve(request, principal, chat, wire)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    principal = await authenticate(request)
+    signer = request.app[SIGNER]
+    chat = parse_count_tokens(
+        await read_json(request),
+        request[REQUEST_ID],
+        lambda text, signature: signer.verify(principal.key_id, text, signature),
+    )
+    tokens = await count_message_tokens(request.app[ROUTER], principal, chat)
+    return web.json_response({"input_tokens": tokens})
+
+
 def _card(card: ModelCard) -> dict[str, Any]:
     return {"id": card.id, "object": "model", "created": card.created, "owned_by": card.owned_by}
 
@@ -79,6 +107,11 @@ async def list_models(request: web.Request) -> web.Response:
 async def get_model(request: web.Request) -> web.Response:
     await authenticate(request)
     return web.json_response(_card(request.app[ROUTER].card(request.match_info["model"])))
+
+
+async def root(request: web.Request) -> web.Response:
+    """`GET /` and `HEAD /`: Claude Code probes its base URL before the first request."""
+    return web.json_response({"status": "ok"})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -126,10 +159,13 @@ def routes() -> list[web.RouteDef]:
             web.post(f"{prefix}/chat/completions", chat_completions),
             web.post(f"{prefix}/completions", completions),
             web.post(f"{prefix}/responses", responses),
+            web.post(f"{prefix}/messages", messages),
+            web.post(f"{prefix}/messages/count_tokens", count_tokens),
             web.get(f"{prefix}/models", list_models),
             web.get(f"{prefix}/models/{{model:.+}}", get_model),
         ]
     table += [
+        web.get("/", root),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         web.get("/metrics", metrics),

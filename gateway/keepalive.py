@@ -82,6 +82,9 @@ class KeptAliveStream:
         if not self._committed:
             self._committed = True
             await self._open()
+            if self._timer is not None:  # from now on the timer only keeps the stream alive
+                self._timer.cancel()
+                self._timer = self._loop.call_later(self._interval, self._tick)
         elif not self._opened and self._task is not None:
             await self._task
             if self._broken is not None:

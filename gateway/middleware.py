@@ -1,6 +1,8 @@
 """Request id, per-request log context, access log, and the one place errors are rendered.
 
-Every response carries `x-request-id`; every error is OpenAI error JSON with the right status.
+Every response carries `x-request-id`; every error is rendered in the shape of the request's
+protocol: OpenAI error JSON, or Anthropic's on the Messages API paths (which also get
+`request-id`, the header Anthropic's clients read).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gateway.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
 )
+from gateway.wire.messages_errors import anthropic_error, anthropic_status, is_messages_path
 
 log = structlog.get_logger("gateway.http")
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -46,13 +49,20 @@ def _error_response(
     code: str | None,
     param: str | None = None,
     headers: dict[str, str] | None = None,
+    path: str = "",
 ) -> web.Response:
+    if is_messages_path(path):
+        body = anthropic_error(status, message)
+        return web.json_response(body, status=anthropic_status(status), headers=headers)
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return web.json_response(body, status=status, headers=headers)
 
 
-def render(exc: GatewayError) -> web.Response:
-    return _error_response(exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers)
+def render(exc: GatewayError, path: str = "") -> web.Response:
+    """`exc` in the shape of the protocol that `path` belongs to."""
+    return _error_response(
+        exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers, path
+    )
 
 
 def new_request_id() -> str:
@@ -75,7 +85,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return response
     except GatewayError as exc:
         status = exc.status
-        return render(exc)
+        return render(exc, request.path)
     except asyncio.CancelledError:
         status = 499  # the client went away
         raise
@@ -90,7 +100,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 "The gateway's state store is unavailable; try again shortly.",
                 code="state_store_unavailable",
                 headers={"Retry-After": "1"},
-            )
+            ),
+            request.path,
         )
     except (HttpProcessingError, RequestPayloadError):
         # The body could not be read as sent: a bad chunk, or a Content-Encoding that does not
@@ -105,10 +116,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         )
     except web.HTTPRequestEntityTooLarge:
         status = 413
-        return render(PayloadTooLarge("The request body is too large."))
+        return render(PayloadTooLarge("The request body is too large."), request.path)
     except web.HTTPNotFound:
         status = 404
-        return render(NotFound(f"Unknown path {request.method} {request.path}."))
+        return render(NotFound(f"Unknown path {request.method} {request.path}."), request.path)
     except web.HTTPException as exc:
         status = exc.status
         if exc.status < 400:
@@ -119,10 +130,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             _STATUS_TYPES.get(exc.status, "api_error"),
             None,
             headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")},
+            path=request.path,
         )
     except Exception:
         log.exception("unhandled_error")
-        return _error_response(500, "Internal server error.", "api_error", "internal_error")
+        return _error_response(
+            500, "Internal server error.", "api_error", "internal_error", path=request.path
+        )
     finally:
         log.info(
             "request",
@@ -149,3 +163,5 @@ async def add_request_id(request: web.Request, response: web.StreamResponse) -> 
     request_id = request.get(REQUEST_ID)
     if request_id:
         response.headers["x-request-id"] = request_id
+        if is_messages_path(request.path):
+            response.headers["request-id"] = request_id

@@ -242,7 +242,9 @@ class Pipeline:
                 "X-Accel-Buffering": "no",
             }
         )
-        encoder = wire.stream_encoder(wire.id_prefix + request[REQUEST_ID], chat.model)
+        encoder = wire.stream_encoder(
+            wire.id_prefix + request[REQUEST_ID], chat.model, grant.ticket.prompt_tokens
+        )
         stream = KeptAliveStream(request, resp, encoder, self.keepalive)
         events: AsyncGenerator[Event, None] | None = None
         try:

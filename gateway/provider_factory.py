@@ -1,7 +1,8 @@
 """Open the configured providers for the life of the app, and close them on exit.
 
 `open_providers` yields one Provider per live provider in settings (`Settings.live_providers`):
-kind "openai" -> `OpenAIUpstream`, kind "local" -> the embedded engine
+kind "openai" -> `OpenAIUpstream`, kind "anthropic" -> `AnthropicUpstream`, kind "local" -> the
+embedded engine
 (`gateway.local_engine`, whose engine stats also become Prometheus gauges in the app's registry).
 """
 
@@ -14,6 +15,7 @@ import structlog
 
 from gateway.metrics import Metrics
 from gateway.settings import ProviderSettings, Settings
+from providers.anthropic_upstream import AnthropicUpstream
 from providers.base import Provider
 from providers.openai_upstream import OpenAIUpstream, UpstreamConfig
 
@@ -58,7 +60,12 @@ async def open_providers(
                     open_local_engine(name, settings.engine, metrics)
                 )
             else:
-                upstream = OpenAIUpstream(upstream_config(name, provider_settings))
+                config = upstream_config(name, provider_settings)
+                upstream = (
+                    AnthropicUpstream(config)
+                    if provider_settings.kind == "anthropic"
+                    else OpenAIUpstream(config)
+                )
                 stack.push_async_callback(upstream.close)
                 await upstream.open()
                 providers[name] = upstream

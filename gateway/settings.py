@@ -85,12 +85,22 @@ class LimitSettings(BaseModel):
     spool_dir: Path = Path(".data/spool")
 
 
+class MessagesSettings(BaseModel):
+    """The Anthropic Messages API (`/v1/messages`)."""
+
+    model_config = _FROZEN
+    # HMAC secret signing thinking blocks (environment only: GATEWAY_MESSAGES__SIGNING_SECRET);
+    # unset: a random one per process, so signatures do not survive a restart or cross replicas.
+    signing_secret: SecretStr | None = None
+
+
 class ProviderSettings(BaseModel):
     """One configured provider. `kind = "openai"`: an upstream speaking the OpenAI API;
+    `kind = "anthropic"`: one speaking the Anthropic Messages API (base_url before /v1/messages);
     `kind = "local"`: the embedded DeepSeek-V3.1 engine."""
 
     model_config = _FROZEN
-    kind: Literal["openai", "local"] = "openai"
+    kind: Literal["openai", "anthropic", "local"] = "openai"
     base_url: str = ""
     api_key_env: str | None = None
     enabled: bool = True
@@ -108,8 +118,10 @@ class ProviderSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ProviderSettings:
-        if self.kind == "openai" and not self.base_url.startswith(("http://", "https://")):
-            raise ValueError("an openai provider needs base_url starting with http:// or https://")
+        if self.kind != "local" and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"an {self.kind} provider needs base_url starting with http:// or https://"
+            )
         return self
 
     def api_key(self) -> str | None:
@@ -311,6 +323,10 @@ class Settings(BaseSettings):
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
     routing: RoutingSettings = RoutingSettings()
+    # Model-id patterns (fnmatch, first match wins) -> a configured model, for clients that
+    # ask for their own ids: {"claude-*haiku*" = "deepseek-chat", "claude-*" = "deepseek-reasoner"}.
+    model_patterns: dict[str, str] = Field(default_factory=dict)
+    messages: MessagesSettings = MessagesSettings()
     # Add the built-in TaoToken / DeepSeek / OpenAI providers whose key env var is set.
     use_presets: bool = True
 
@@ -334,6 +350,9 @@ class Settings(BaseSettings):
                     raise ValueError(
                         f"model {model_id!r} routes to unknown provider {route.provider!r}"
                     )
+        for pattern, target in self.model_patterns.items():
+            if target not in self.models:
+                raise ValueError(f"model pattern {pattern!r} names unknown model {target!r}")
         return self
 
     def live_providers(self) -> tuple[dict[str, ProviderSettings], dict[str, str]]:

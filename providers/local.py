@@ -163,7 +163,7 @@ class LocalProvider:
             reasoning_tokens=translator.num_reasoning_tokens,
             cached_prompt_tokens=num_cached,
         )
-        yield Finish(self._finish_reason(engine_reason, translator))
+        yield Finish(self._finish_reason(engine_reason, translator), translator.stop_sequence)
 
     async def models(self) -> list[ModelCard]:
         return [ModelCard(id=self._model_id, owned_by=self.name)]

@@ -41,6 +41,7 @@ class StopMatcher:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
         self.hit = False
+        self.matched: str | None = None  # the stop string found first in the text
 
     def feed(self, text: str) -> str:
         """The part of `held + text` now known to precede any stop string."""
@@ -49,11 +50,12 @@ class StopMatcher:
         if not self._stops:
             return text
         buf = self._held + text
-        found = [i for s in self._stops if (i := buf.find(s)) >= 0]
+        found = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
         if found:
+            index, self.matched = min(found)
             self.hit = True
             self._held = ""
-            return buf[: min(found)]
+            return buf[:index]
         keep = self._partial_suffix(buf)
         self._held = buf[len(buf) - keep :]
         return buf[: len(buf) - keep]
@@ -112,6 +114,11 @@ class TokenTranslator:
     @property
     def stopped(self) -> bool:
         return self._stop.hit
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the content, if one did."""
+        return self._stop.matched
 
     def push(
         self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob | None] | None = None

@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -44,6 +44,15 @@ from providers.types import ChatRequest, Event
 # How long to wait, after `[DONE]`, for the end of the body before closing the connection.
 _DRAIN_TIMEOUT_S = 1.0
 _JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class StreamDecoder(Protocol):
+    """Turns an upstream's parsed stream chunks (or one JSON answer) into Events."""
+
+    finished: bool
+
+    def feed(self, chunk: dict[str, Any], out: list[Event]) -> None: ...
+    def end(self, out: list[Event]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +104,7 @@ class OpenAIUpstream:
             )
         if self._session is None:
             config = self._config
-            headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+            headers = self._auth_headers()
             headers.update(config.headers)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=config.max_connections),
@@ -104,22 +113,32 @@ class OpenAIUpstream:
             )
         return self._session
 
-    async def chat(self, request: ChatRequest) -> AsyncGenerator[Event, None]:
-        config = self._config
-        stream = config.stream_upstream or request.stream
+    def _auth_headers(self) -> dict[str, str]:
+        key = self._config.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _request(self, request: ChatRequest, stream: bool) -> tuple[str, dict[str, Any]]:
+        """The URL and JSON body for `request`."""
         body = build_body(
             request,
-            thinking_style=config.thinking_style,
-            send_reasoning_history=config.send_reasoning_history,
+            thinking_style=self._config.thinking_style,
+            send_reasoning_history=self._config.send_reasoning_history,
             stream=stream,
         )
-        url = self._completions_url if request.prompt is not None else self._chat_url
+        return self._completions_url if request.prompt is not None else self._chat_url, body
+
+    def _decoder(self) -> StreamDecoder:
+        return ChunkDecoder(self.name)
+
+    async def chat(self, request: ChatRequest) -> AsyncGenerator[Event, None]:
+        config = self._config
+        url, body = self._request(request, config.stream_upstream or request.stream)
         deadline = asyncio.get_running_loop().time() + config.first_byte_timeout_s
         resp = await self._post(url, body, deadline)
         try:  # closing a fully read response leaves its connection in the pool
             if resp.status >= 400:
                 raise await self._http_error(resp)
-            decoder = ChunkDecoder(self.name)
+            decoder = self._decoder()
             out: list[Event] = []
             if resp.content_type != "text/event-stream":
                 decoder.feed(await self._read_json(resp, deadline), out)
@@ -180,7 +199,7 @@ class OpenAIUpstream:
         except (TimeoutError, aiohttp.ClientError):
             pass  # the connection is closed instead
 
-    def _frames(self, frames: list[SSEEvent], decoder: ChunkDecoder, out: list[Event]) -> bool:
+    def _frames(self, frames: list[SSEEvent], decoder: StreamDecoder, out: list[Event]) -> bool:
         """Decodes SSE frames into `out`; True when `[DONE]` was among them."""
         for frame in frames:
             data = frame.data

@@ -227,7 +227,8 @@ class ChunkDecoder:
                 self._content(choice["text"], _legacy_logprobs(choice.get("logprobs")), out)
             reason = choice.get("finish_reason")
             if reason and not self.finished:
-                self._finish(reason, out)
+                matched = choice.get("stop_reason")  # vLLM: the stop string that matched
+                self._finish(reason, out, matched if isinstance(matched, str) else None)
         usage = chunk.get("usage")
         if usage:
             self.usage = parse_usage(usage)
@@ -265,7 +266,7 @@ class ChunkDecoder:
             elif arguments:
                 out.append(ToolCallDelta(index, arguments_fragment=arguments))
 
-    def _finish(self, reason: str, out: list[Event]) -> None:
+    def _finish(self, reason: str, out: list[Event], stop_sequence: str | None = None) -> None:
         if self._splitter is not None:
             split = self._splitter.flush()
             if split.reasoning:
@@ -276,7 +277,7 @@ class ChunkDecoder:
         mapped = _FINISH.get(reason, "stop")
         if mapped == "stop" and self._calls:
             mapped = "tool_calls"
-        out.append(Finish(mapped))
+        out.append(Finish(mapped, stop_sequence if mapped == "stop" else None))
         self.finished = True
 
 

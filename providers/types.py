@@ -141,6 +141,8 @@ class ChatRequest:
     `tool_choice`: "auto" | "none" | "required" | {"type": "function", "function": {"name"}}.
     `response_format`: the client's object, passed through.
     `extra`: provider-specific fields a client sent that a pass-through upstream may want.
+    `anthropic_body`: the client's own Messages API body, for an upstream that speaks Messages
+    (sent as it came, nothing lost in translation); None for other front-end protocols.
     """
 
     model: str
@@ -159,6 +161,7 @@ class ChatRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     # The prompt as the serving provider prepared it (None: the provider prepares it itself).
     prepared: PreparedPrompt | None = None
+    anthropic_body: dict[str, Any] | None = None
 
 
 # ---- events a provider yields, in order -------------------------------------------------------
@@ -172,7 +175,11 @@ class TextDelta:
 
 @dataclass(frozen=True, slots=True)
 class ReasoningDelta:
+    """`signature`: the provider's own signature of the reasoning block this delta ends
+    (Anthropic's), carried back to Messages clients; None from every other provider."""
+
     text: str
+    signature: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +209,10 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
+    """`stop_sequence`: the stop string that ended the output, where the provider says which."""
+
     reason: FinishReason
+    stop_sequence: str | None = None
 
 
 Event = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish

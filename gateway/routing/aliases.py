@@ -44,11 +44,14 @@ class Router:
         providers: Mapping[str, Provider],
         models: Mapping[str, ModelSettings],
         direct: Mapping[str, tuple[str, ...]] | None = None,
+        patterns: Mapping[str, str] | None = None,
     ):
         """`direct`: per provider, the names or glob patterns of its models that clients may
-        address as `provider/model` (none where a provider is absent)."""
+        address as `provider/model` (none where a provider is absent). `patterns`: model-id
+        patterns (fnmatch, first match wins) mapped to a configured model."""
         self.providers = dict(providers)
         self._direct = {name: tuple(p) for name, p in (direct or {}).items() if p}
+        self._patterns = tuple((patterns or {}).items())
         self._created = int(time.time())  # what /v1/models reports as each model's `created`
         self._routes: dict[str, tuple[Route, ...]] = {}
         self._owners: dict[str, str] = {}
@@ -63,6 +66,16 @@ class Router:
                 self._routes[model_id] = routes
                 self._owners[model_id] = model.owned_by
                 self._modes[model_id] = model.routing
+
+    def canonical(self, model: str) -> str:
+        """The configured model a client's id stands for: itself, or the target of the first
+        model pattern it matches (configured ids and `provider/model` ids are never mapped)."""
+        if model in self._routes or "/" in model:
+            return model
+        for pattern, target in self._patterns:
+            if fnmatchcase(model, pattern):
+                return target
+        return model
 
     def resolve(self, model: str) -> tuple[Route, ...]:
         routes = self._routes.get(model)

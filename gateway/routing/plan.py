@@ -59,6 +59,9 @@ class RoutePlanner:
             ).inc()
 
     def _resolve(self, model: str, principal: Principal) -> tuple[str, tuple[Route, ...]]:
+        """The configured model served (a client's own id mapped by `model_patterns`, else the
+        key's default model for an id this gateway does not serve) and its routes."""
+        model = self.router.canonical(model)
         try:
             return model, self.router.resolve(model)
         except NotFound:

@@ -38,5 +38,11 @@ class Wire(Protocol):
     id_prefix: str
     include_usage: bool
 
-    def stream_encoder(self, completion_id: str, model: str) -> StreamEncoder: ...
+    def stream_encoder(
+        self, completion_id: str, model: str, prompt_tokens: int = 0
+    ) -> StreamEncoder:
+        """`prompt_tokens`: the admitted prompt length, for protocols that report input usage
+        when the stream opens (Anthropic's `message_start`)."""
+        ...
+
     def aggregator(self) -> Aggregator: ...

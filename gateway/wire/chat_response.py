@@ -208,7 +208,9 @@ class ChatWire:
     def __init__(self, include_usage: bool) -> None:
         self.include_usage = include_usage
 
-    def stream_encoder(self, completion_id: str, model: str) -> ChatStreamEncoder:
+    def stream_encoder(
+        self, completion_id: str, model: str, prompt_tokens: int = 0
+    ) -> ChatStreamEncoder:
         return ChatStreamEncoder(completion_id, model, self.include_usage)
 
     def aggregator(self) -> ChatAggregator:

@@ -104,7 +104,9 @@ class CompletionWire:
         self.include_usage = include_usage
         self.echo = echo
 
-    def stream_encoder(self, completion_id: str, model: str) -> CompletionStreamEncoder:
+    def stream_encoder(
+        self, completion_id: str, model: str, prompt_tokens: int = 0
+    ) -> CompletionStreamEncoder:
         return CompletionStreamEncoder(completion_id, model, self.include_usage, self.echo)
 
     def aggregator(self) -> CompletionAggregator:

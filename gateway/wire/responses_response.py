@@ -366,7 +366,9 @@ class ResponsesWire:
         self.echo = echo
         self.tool_names = tool_names
 
-    def stream_encoder(self, completion_id: str, model: str) -> ResponsesStreamEncoder:
+    def stream_encoder(
+        self, completion_id: str, model: str, prompt_tokens: int = 0
+    ) -> ResponsesStreamEncoder:
         return ResponsesStreamEncoder(
             ResponseBuilder(self.echo, self.tool_names), completion_id, model
         )

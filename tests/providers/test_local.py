@@ -202,7 +202,7 @@ class TestOverTinyEngine:
         stop = full[len(full) // 2 : len(full) // 2 + 3]
         events = await collect(provider, chat("Tell me a story", max_tokens=24, stop=(stop,)))
         assert text_of(events) == full[: full.index(stop)]
-        assert events[-1] == Finish("stop")
+        assert events[-1] == Finish("stop", stop)
         assert usage_of(events).completion_tokens < 24
         assert await wait_idle(provider) == free
 
