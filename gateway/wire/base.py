@@ -6,27 +6,23 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from gateway.errors import GatewayError
-from providers.types import Event, FinishReason, Usage
+from providers.types import Event
 
 
 class StreamEncoder(Protocol):
-    @property
-    def usage(self) -> Usage | None: ...
     def start(self) -> bytes: ...
     def keepalive(self) -> bytes:
         """A frame for a long silence: the client's idle timer restarts, nothing else changes."""
         ...
 
     def encode(self, event: Event) -> bytes | None: ...
-    def close(self, finish: FinishReason | None = None) -> list[bytes]: ...
+    def close(self) -> list[bytes]: ...
     def fail(self, error: GatewayError) -> bytes:
         """The frame that reports a failure after the stream started (instead of `close`)."""
         ...
 
 
 class Aggregator(Protocol):
-    usage: Usage
-
     def add(self, event: Event) -> None: ...
     def body(self, completion_id: str, model: str) -> dict[str, Any]: ...
 
@@ -36,7 +32,6 @@ class Wire(Protocol):
 
     endpoint: str
     id_prefix: str
-    include_usage: bool
 
     def stream_encoder(
         self, completion_id: str, model: str, prompt_tokens: int = 0
