@@ -128,7 +128,12 @@ class AsyncEngine:
     ) -> AsyncEngine:
         """Load the model and generation_config.json; the checkpoint's fingerprint seeds the
         prefix-cache block hashes. Blocking (seconds to minutes): call it off the event loop."""
-        model = load_model(model_dir, dtype=config.torch_dtype, device=config.resolved_device())
+        model = load_model(
+            model_dir,
+            dtype=config.torch_dtype,
+            device=config.resolved_device(),
+            fp8_weights=config.fp8_weights,
+        )
         engine = LLMEngine(
             model,
             config,

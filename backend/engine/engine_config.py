@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from backend.model.dtypes import DTYPE_NAMES, torch_dtype
+from backend.model.dtypes import DTYPE_NAMES, FP8_WEIGHT_MODES, FP8Weights, torch_dtype
 
 if TYPE_CHECKING:  # torch-free at import: the gateway validates these settings without torch
     import torch
@@ -31,8 +31,9 @@ class EngineConfig:
     torch dtype; `device` is "auto" (the GPU when one is visible), "cpu", "cuda[:N]" or "mps";
     `num_threads` is torch's intra-op threads, set once by whoever starts the process's engine
     (None keeps torch's default); `max_model_len` caps prompt + output below what the model and
-    the pool allow (None: no cap). These defaults are the only ones: the gateway's `[engine]`
-    settings validate into this class.
+    the pool allow (None: no cap); `fp8_weights` keeps an FP8 checkpoint's linears in FP8
+    ("resident") or dequantizes them to `dtype` at load ("dequantize"). These defaults are the
+    only ones: the gateway's `[engine]` settings validate into this class.
     """
 
     max_num_seqs: int = 32
@@ -45,6 +46,7 @@ class EngineConfig:
     device: str = "auto"
     num_threads: int | None = None
     max_model_len: int | None = None
+    fp8_weights: FP8Weights = "resident"
 
     def __post_init__(self) -> None:
         positive = {
@@ -64,6 +66,10 @@ class EngineConfig:
             )
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
+        if self.fp8_weights not in FP8_WEIGHT_MODES:
+            raise ValueError(
+                f"fp8_weights must be one of {list(FP8_WEIGHT_MODES)}, got {self.fp8_weights!r}"
+            )
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be positive or None, got {self.num_threads}")
         if self.max_model_len is not None and self.max_model_len < 2:

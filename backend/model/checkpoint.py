@@ -4,7 +4,8 @@ Reads config.json, then either model.safetensors.index.json with its shards or o
 model.safetensors. Everything is validated against the config before any data is read (names,
 shapes, FP8 scale grids, files), then the module, built on the meta device and allocated empty,
 is filled tensor by tensor, shard by shard: peak memory is about the model's size. FP8 e4m3
-weights are dequantized with their ``weight_scale_inv`` blocks as they are copied in.
+linears stay FP8 (``FP8Linear``, about one byte per weight) unless ``fp8_weights="dequantize"``,
+which dequantizes them with their ``weight_scale_inv`` blocks as they are copied in.
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from backend.kernels import support
 from backend.model import fp8
 from backend.model.config import ConfigError, ModelConfig
+from backend.model.dtypes import FP8_WEIGHT_MODES, FP8Weights
+from backend.model.fp8_linear import make_resident
 from backend.model.model import DeepseekV3ForCausalLM
+from backend.model.moe import MoE
 
 logger = logging.getLogger(__name__)
 
@@ -206,8 +211,15 @@ def load_model(
     device: torch.device | str = "cpu",
     load_mtp: bool = True,
     progress: bool | None = None,
+    fp8_weights: FP8Weights = "resident",
 ) -> DeepseekV3ForCausalLM:
-    """Validate and load a checkpoint; ``progress`` None shows a bar for loads above 1 GiB."""
+    """Validate and load a checkpoint; ``progress`` None shows a bar for loads above 1 GiB.
+
+    ``fp8_weights``: "resident" keeps the checkpoint's e4m3 linears in FP8 (the block-scaled
+    GEMM on CUDA, tile-by-tile dequantization on CPU); "dequantize" converts them to ``dtype``.
+    """
+    if fp8_weights not in FP8_WEIGHT_MODES:
+        raise ValueError(f"fp8_weights must be one of {FP8_WEIGHT_MODES}, got {fp8_weights!r}")
     model_dir = Path(model_dir)
     try:
         config = ModelConfig.from_file(model_dir)
@@ -215,13 +227,16 @@ def load_model(
         raise CheckpointError(str(exc)) from exc
     entries = read_index(model_dir)
     include_mtp = load_mtp and config.num_nextn_predict_layers > 0
+    block = config.quantization.weight_block_size if config.quantization else fp8.DEFAULT_BLOCK
     with torch.device("meta"):
         model = DeepseekV3ForCausalLM(config, dtype=dtype, include_mtp=include_mtp)
+        if fp8_weights == "resident":
+            stored_fp8 = {name for name, entry in entries.items() if entry.dtype == "F8_E4M3"}
+            make_resident(model, stored_fp8, block)
     targets = model.state_dict(keep_vars=True)
     validate(config, entries, {n: tuple(t.shape) for n, t in targets.items()})
     model.to_empty(device=device)
     targets = model.state_dict(keep_vars=True)
-    block = config.quantization.weight_block_size if config.quantization else fp8.DEFAULT_BLOCK
     by_file: dict[Path, list[str]] = {}
     for name in targets:
         by_file.setdefault(entries[name].file, []).append(name)
@@ -235,11 +250,12 @@ def load_model(
             with safe_open(path, framework="pt", device="cpu") as shard:
                 for name in names:
                     tensor = shard.get_tensor(name)
-                    if tensor.dtype == fp8.FP8_DTYPE:
+                    if tensor.dtype == fp8.FP8_DTYPE and targets[name].dtype != fp8.FP8_DTYPE:
                         scale = _read_scale(shard, entries, name)
                         tensor = fp8.dequantize(tensor, scale, block, dtype=torch.float32)
                     targets[name].data.copy_(tensor)
                     bar.update(1)
+    prepare_for_kernels(model)
     mla = config.mla
     facts = {
         "attention": "MLA",
@@ -250,10 +266,27 @@ def load_model(
         "mtp_layers": model.num_mtp_layers,
         "experts": config.moe.n_routed_experts,
         "top_k": config.moe.num_experts_per_tok,
-        "weights": "fp8" if config.quantization else str(config.torch_dtype).removeprefix("torch."),
+        "weights": _stored_weights(config, model),
         "dtype": str(dtype).removeprefix("torch."),
         "device": str(device),
     }
     summary = " ".join(f"{name}={value}" for name, value in facts.items())
     logger.info("loaded %s: %s", model_dir, summary, extra={"checkpoint": str(model_dir), **facts})
     return model.eval()
+
+
+def _stored_weights(config: ModelConfig, model: DeepseekV3ForCausalLM) -> str:
+    if config.quantization is None:
+        return str(config.torch_dtype).removeprefix("torch.")
+    resident = any(p.dtype == fp8.FP8_DTYPE for p in model.parameters())
+    return "fp8 (resident)" if resident else "fp8 (dequantized at load)"
+
+
+def prepare_for_kernels(model: DeepseekV3ForCausalLM) -> None:
+    """Where the Triton kernels will run (CUDA with triton), stack each MoE layer's experts for
+    the fused kernel; the experts' own parameters become views, so memory does not grow."""
+    if not support.use_kernels(model.lm_head.weight):
+        return
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.pack_experts()

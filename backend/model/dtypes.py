@@ -5,12 +5,16 @@ Torch-free at import: the gateway validates dtype names without loading torch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import torch
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+# How a loader treats an FP8 checkpoint's linears: kept e4m3 in memory, or converted at load.
+FP8Weights = Literal["resident", "dequantize"]
+FP8_WEIGHT_MODES: tuple[FP8Weights, ...] = ("resident", "dequantize")
 
 
 def torch_dtype(name: str) -> torch.dtype:

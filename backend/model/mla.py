@@ -17,8 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from backend.kernels import support
+from backend.kernels.mla_decode import paged_absorbed_attention
 from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.config import ModelConfig
+from backend.model.fp8_linear import dense_weight
 from backend.model.layers import Linear, RMSNorm
 from backend.model.rope import apply_rotary
 
@@ -198,7 +201,7 @@ class MLA(nn.Module):
 
     def absorbed_weights(self) -> tuple[Tensor, Tensor]:
         """Views of kv_b_proj: W_UK [H, nope, kv_lora_rank] and W_UV [H, v, kv_lora_rank]."""
-        per_head = self.kv_b_proj.weight.view(
+        per_head = dense_weight(self.kv_b_proj).view(
             self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank
         )
         return per_head[:, : self.qk_nope_head_dim], per_head[:, self.qk_nope_head_dim :]
@@ -270,7 +273,7 @@ class MLA(nn.Module):
             q_nope,
             q_pe,
             latents,
-            self.kv_b_proj.weight,
+            dense_weight(self.kv_b_proj),
             self.kv_lora_rank,
             self.v_head_dim,
             self.scale,
@@ -285,6 +288,13 @@ class MLA(nn.Module):
         cache_layer: int,
         seqs: range | list[int],
     ) -> Tensor:
+        if support.use_kernels(q_nope):
+            w_uk, w_uv = self.absorbed_weights()
+            return paged_absorbed_attention(
+                q_nope, q_pe, cache.kv[cache_layer], [batch.block_tables[s] for s in seqs],
+                [1] * len(seqs), [batch.context_lens[s] for s in seqs],
+                w_uk, w_uv, self.scale, cache.block_size,
+            )  # fmt: skip
         latents, valid = cache.gather_batch(
             cache_layer,
             [batch.block_tables[s] for s in seqs],

@@ -6,7 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from backend.kernels import support
+from backend.kernels.fused_moe import StackedExperts, fused_moe
 from backend.model.config import ModelConfig, MoEConfig
+from backend.model.fp8_linear import FP8Linear
 from backend.model.layers import SwiGLU
 
 
@@ -66,10 +69,39 @@ class MoE(nn.Module):
         if moe.n_shared_experts:
             shared_hidden = moe.moe_intermediate_size * moe.n_shared_experts
             self.shared_experts = SwiGLU(config.hidden_size, shared_hidden, dtype)
+        self.stacked: StackedExperts | None = None  # set by pack_experts for the fused kernel
+
+    @torch.no_grad()
+    def pack_experts(self) -> StackedExperts:
+        """Stack the routed experts' weights ([E, 2I, D] gate then up, [E, D, I] down, and the
+        FP8 scale grids alike) for ``fused_moe``; each expert's parameters become views into the
+        stacks, so memory does not grow beyond one layer's copy while packing."""
+        if self.stacked is not None:
+            return self.stacked
+        gates = [expert.gate_proj for expert in self.experts]
+        ups = [expert.up_proj for expert in self.experts]
+        downs = [expert.down_proj for expert in self.experts]
+        w13 = torch.cat((_stack(gates, "weight"), _stack(ups, "weight")), dim=1)
+        w2 = _stack(downs, "weight")
+        w13_scale = w2_scale = None
+        if isinstance(gates[0], FP8Linear):
+            w13_scale = torch.cat(
+                (_stack(gates, "weight_scale_inv"), _stack(ups, "weight_scale_inv")), dim=1
+            )
+            w2_scale = _stack(downs, "weight_scale_inv")
+        inter, gate_rows = w2.shape[2], w13_scale.shape[1] // 2 if w13_scale is not None else 0
+        for index, expert in enumerate(self.experts):
+            _rebind(expert.gate_proj, w13[index, :inter], w13_scale, index, slice(0, gate_rows))
+            _rebind(expert.up_proj, w13[index, inter:], w13_scale, index, slice(gate_rows, None))
+            _rebind(expert.down_proj, w2[index], w2_scale, index, slice(None))
+        self.stacked = StackedExperts(w13, w2, w13_scale, w2_scale)
+        return self.stacked
 
     def forward(self, x: Tensor) -> Tensor:  # x: [T, D] -> [T, D]
         weights, ids = self.gate(x)
         out = self.shared_experts(x) if self.shared_experts is not None else torch.zeros_like(x)
+        if self.stacked is not None and support.use_kernels(x):
+            return out + fused_moe(x, self.stacked, weights, ids)
         flat_ids = ids.flatten()
         order = flat_ids.argsort(stable=True)  # (token, slot) pairs grouped by expert
         tokens = order // self.top_k
@@ -88,3 +120,16 @@ class MoE(nn.Module):
             torch.mul(expert_out, sorted_weights[start:end], out=routed[start:end])
             start = end
         return out.index_add_(0, tokens, routed)
+
+
+def _stack(linears: list[nn.Module], attribute: str) -> Tensor:
+    return torch.stack([getattr(linear, attribute) for linear in linears])
+
+
+def _rebind(
+    linear: nn.Module, weight: Tensor, scales: Tensor | None, index: int, rows: slice
+) -> None:
+    """Point a linear's weight (and FP8 scale grid) at its slice of the stacked tensors."""
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    if scales is not None:
+        linear.weight_scale_inv = scales[index, rows]
