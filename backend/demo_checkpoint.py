@@ -138,13 +138,6 @@ def demo_config(preset: str, overrides: dict[str, Any] | None = None) -> dict[st
     return {**_COMMON, **PRESETS[preset], **(overrides or {})}
 
 
-def _is_quantized(name: str) -> bool:
-    """Linear weights DeepSeek stores in FP8: attention, FFN, experts, MTP's eh_proj."""
-    if not name.startswith("model.layers.") or ".shared_head." in name:
-        return False
-    return name.endswith(("_proj.weight", "_proj_with_mqa.weight"))
-
-
 def random_weights(config: ModelConfig, seed: int) -> dict[str, Tensor]:
     """fp32 tensors for every name the model expects (MTP included), scaled for unit activations.
 
@@ -175,7 +168,7 @@ def _to_storage(tensors: dict[str, Tensor], dtype: torch.dtype, use_fp8: bool) -
     for name, tensor in tensors.items():
         if name.endswith("e_score_correction_bias"):
             stored[name] = tensor.float()
-        elif use_fp8 and _is_quantized(name):
+        elif use_fp8 and fp8.is_fp8_linear(name):
             weight, scale_inv = fp8.quantize(tensor.to(dtype))
             stored[name] = weight
             stored[name.removesuffix("weight") + "weight_scale_inv"] = scale_inv

@@ -14,6 +14,15 @@ FP8_MAX = 448.0
 DEFAULT_BLOCK = (128, 128)
 
 
+def is_fp8_linear(name: str) -> bool:
+    """Whether DeepSeek ships tensor ``name`` in FP8: the linear weights inside the layers
+    (attention, dense FFN, experts, MTP's eh_proj); embeddings, heads, norms and routers stay
+    in the checkpoint's dtype."""
+    if not name.startswith("model.layers.") or ".shared_head." in name:
+        return False
+    return name.endswith(("_proj.weight", "_proj_with_mqa.weight"))
+
+
 def scale_shape(shape: tuple[int, ...], block: tuple[int, int] = DEFAULT_BLOCK) -> tuple[int, int]:
     """Shape of the scale_inv grid covering a 2-D weight of ``shape``."""
     rows, cols = shape
