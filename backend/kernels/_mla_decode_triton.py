@@ -20,7 +20,8 @@ def mla_decode_kernel(
     num_heads, scale,
     stride_qt, stride_qh, stride_pt, stride_ph, stride_kv, stride_table,
     stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
-    LORA: tl.constexpr, ROPE: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    LORA: tl.constexpr, ROPE: tl.constexpr, LORA_PAD: tl.constexpr, ROPE_PAD: tl.constexpr,
+    PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     head_block = tl.program_id(0)
@@ -34,25 +35,27 @@ def mla_decode_kernel(
 
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = heads < num_heads
-    lora = tl.arange(0, LORA)
-    rope = tl.arange(0, ROPE)
+    lora = tl.arange(0, LORA_PAD)  # widths padded to powers of two (at least 16) and masked
+    rope = tl.arange(0, ROPE_PAD)
+    mask_l = lora < LORA
+    mask_r = rope < ROPE
     q = tl.load(
         q_ptr + token * stride_qt + heads[:, None] * stride_qh + lora[None, :],
-        mask=mask_h[:, None],
+        mask=mask_h[:, None] & mask_l[None, :],
         other=0.0,
-    )  # [BLOCK_H, LORA]
+    )  # [BLOCK_H, LORA_PAD]
     q_pe = tl.load(
         qpe_ptr + token * stride_pt + heads[:, None] * stride_ph + rope[None, :],
-        mask=mask_h[:, None],
+        mask=mask_h[:, None] & mask_r[None, :],
         other=0.0,
-    )  # [BLOCK_H, ROPE]
+    )  # [BLOCK_H, ROPE_PAD]
     if UPCAST:
         q = q.to(tl.float32)
         q_pe = q_pe.to(tl.float32)
 
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_H, LORA), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, LORA_PAD), dtype=tl.float32)
     log2e = 1.4426950408889634
     for key0 in range(start, end, BLOCK_N):
         pos = key0 + tl.arange(0, BLOCK_N)
@@ -60,13 +63,15 @@ def mla_decode_kernel(
         page = tl.load(table_ptr + seq * stride_table + pos // PAGE, mask=mask_n, other=0)
         rows = page.to(tl.int64) * PAGE + pos % PAGE
         c_kv = tl.load(
-            kv_ptr + rows[:, None] * stride_kv + lora[None, :], mask=mask_n[:, None], other=0.0
-        )  # [BLOCK_N, LORA]
+            kv_ptr + rows[:, None] * stride_kv + lora[None, :],
+            mask=mask_n[:, None] & mask_l[None, :],
+            other=0.0,
+        )  # [BLOCK_N, LORA_PAD]
         k_pe = tl.load(
             kv_ptr + rows[:, None] * stride_kv + LORA + rope[None, :],
-            mask=mask_n[:, None],
+            mask=mask_n[:, None] & mask_r[None, :],
             other=0.0,
-        )  # [BLOCK_N, ROPE]
+        )  # [BLOCK_N, ROPE_PAD]
         if UPCAST:
             c_kv = c_kv.to(tl.float32)
             k_pe = k_pe.to(tl.float32)
@@ -89,6 +94,6 @@ def mla_decode_kernel(
         + split * stride_os
         + lora[None, :],
         out,
-        mask=mask_h[:, None],
+        mask=mask_h[:, None] & mask_l[None, :],
     )
     tl.store(lse_ptr + token * stride_lt + heads * stride_lh + split, lse, mask=mask_h)

@@ -87,6 +87,11 @@ def mla_decode_reference(
 # --- wrappers -------------------------------------------------------------------------------
 
 
+def _padded(width: int) -> int:
+    """Register width for a row segment: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, 1 << (width - 1).bit_length())
+
+
 def _num_splits(tiles: DecodeTiles, num_tokens: int, num_heads: int, max_len: int) -> int:
     if tiles.num_splits is not None:
         return tiles.num_splits
@@ -105,9 +110,6 @@ def _check(
     lora, rope = q_latent.shape[-1], q_pe.shape[-1]
     if kv.dim() != 2 or kv.shape[1] != lora + rope:
         raise ValueError(f"kv must be [slots, {lora + rope}], got {tuple(kv.shape)}")
-    for name, size in (("kv_lora_rank", lora), ("rope dim", rope)):
-        if size & (size - 1):
-            raise ValueError(f"{name} {size} must be a power of two")
     for name, tensor in (("block_tables", block_tables), ("token_seq", seq), ("token_len", lens)):
         if tensor.dtype != torch.int32:
             raise ValueError(f"{name} must be int32, got {tensor.dtype}")
@@ -158,7 +160,8 @@ def mla_decode(
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1), kv.stride(0),
         block_tables.stride(0),
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
-        LORA=lora, ROPE=q_pe.shape[-1], PAGE=page_size, NUM_SPLITS=splits,
+        LORA=lora, ROPE=q_pe.shape[-1], LORA_PAD=_padded(lora), ROPE_PAD=_padded(q_pe.shape[-1]),
+        PAGE=page_size, NUM_SPLITS=splits,
         BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, UPCAST=support.upcast_loads(kv),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip

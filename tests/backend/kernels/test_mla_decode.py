@@ -103,15 +103,19 @@ def test_wrapper_rejects_bad_inputs(device: torch.device) -> None:
         mla_decode.mla_decode(q, q_pe, kv, block_tables.long(), token_seq, token_len, 1.0, 16)
     with pytest.raises(ValueError, match="one entry per query token"):
         mla_decode.mla_decode(q, q_pe, kv, block_tables, token_seq[:0], token_len, 1.0, 16)
-    odd = _queries(1, 24, 0).to(device)  # 24 + 24 = 48-wide rows: LORA not a power of two
-    with pytest.raises(ValueError, match="power of two"):
-        mla_decode.mla_decode(
-            odd,
-            odd,
-            torch.zeros(16, 48, device=device),
-            block_tables,
-            token_seq,
-            token_len,
-            1.0,
-            16,
-        )
+
+
+def test_widths_that_are_not_powers_of_two(device: torch.device) -> None:
+    """kv_lora_rank 24 and rope 8 (below tl.dot's 16): padded in registers, masked in memory."""
+    lora, rope, page = 24, 8, 16
+    generator = torch.Generator().manual_seed(7)
+    kv = torch.randn(3 * page, lora + rope, generator=generator).to(device)
+    token_seq, token_len = mla_decode.token_layout([2], [40], device)
+    block_tables = mla_decode.block_table_tensor([[2, 0, 1]], device)
+    q = torch.randn(2, HEADS, lora, generator=generator).to(device)
+    q_pe = torch.randn(2, HEADS, rope, generator=generator).to(device)
+    expected = mla_decode.mla_decode_reference(
+        q, q_pe, kv, block_tables, token_seq, token_len, SCALE, page
+    )
+    got = mla_decode.mla_decode(q, q_pe, kv, block_tables, token_seq, token_len, SCALE, page)
+    torch.testing.assert_close(got.cpu(), expected.cpu(), rtol=1e-5, atol=1e-5)
