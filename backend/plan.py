@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from backend.engine.engine_config import DTYPES, EngineConfig
+from backend.engine.engine_config import EngineConfig
 from backend.model.config import ConfigError, ModelConfig
+from backend.model.dtypes import DTYPE_NAMES, torch_dtype
 from backend.model.footprint import WeightBytes, activation_bytes_per_token, weight_bytes
 
 GB = 1e9
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="checkpoint directory or config.json")
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--gpu-memory-gb", type=float, default=141.0)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="bfloat16")
     parser.add_argument("--fp8-weights", choices=["resident", "dequantize"], default="resident")
     parser.add_argument("--max-batch-tokens", type=int, default=_DEFAULTS.max_batch_tokens)
     parser.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         config,
         gpus=args.gpus,
         gpu_memory_bytes=int(args.gpu_memory_gb * GB),
-        dtype=DTYPES[args.dtype],
+        dtype=torch_dtype(args.dtype),
         fp8_resident=args.fp8_weights == "resident",
         include_mtp=not args.no_mtp,
         max_batch_tokens=args.max_batch_tokens,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from backend.demo_checkpoint import demo_config
+from backend.engine.engine_config import EngineConfig
 from backend.model.checkpoint import read_index
 from backend.model.config import ModelConfig
 from backend.model.footprint import activation_bytes_per_token, weight_bytes
@@ -68,7 +69,8 @@ def test_v31_by_hand(v31_config: Path) -> None:
     left = int(141 * GB) - plan.weights_per_gpu - plan.activation_bytes - plan.logits_bytes
     left -= plan.reserve_bytes
     assert plan.cache_tokens == left // 70_272 // 64 * 64 and plan.fits
-    assert plan.activation_bytes == 4096 * activation_bytes_per_token(config, torch.bfloat16)
+    budget = EngineConfig().max_batch_tokens  # the engine's default batch token budget
+    assert plan.activation_bytes == budget * activation_bytes_per_token(config, torch.bfloat16)
     with_mtp = make_plan(config, gpus=8, gpu_memory_bytes=int(141 * GB))
     assert with_mtp.cache_bytes_per_token == 62 * 576 * 2
 
