@@ -10,7 +10,7 @@ from gateway.settings import load_settings
 
 def test_fp8_weights_setting_reaches_engine_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert load_settings().engine.config.fp8_weights == "resident"
-    monkeypatch.setenv("GATEWAY_ENGINE__FP8_WEIGHTS", "dequantize")
-    assert load_settings().engine.config.fp8_weights == "dequantize"
     with pytest.raises(ValidationError, match="fp8_weights"):
         load_settings(engine={"fp8_weights": "int4"})
+    monkeypatch.setenv("GATEWAY_ENGINE__FP8_WEIGHTS", "dequantize")
+    assert load_settings().engine.config.fp8_weights == "dequantize"
