@@ -36,6 +36,22 @@ def copy_bandwidth(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
     return 2 * num_bytes / best
 
 
+def cpu_description() -> str:
+    """The CPU model and the instruction-set flags that decide matmul speed (Linux only)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "cpu: unknown"
+    fields: dict[str, str] = {}
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+    model = fields.get("model name", "unknown")
+    return f"cpu: {model}  flags: {' '.join(f for f in wanted if f in flags) or 'none of note'}"
+
+
 def _timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -130,6 +146,7 @@ def main() -> None:
     floor = step_bytes / bandwidth
     n = args.prefill_tokens
     print(f"checkpoint {model_dir}  dtype {args.dtype}  threads {args.threads}")
+    print(cpu_description())
     print(
         f"prefill {n} tokens: ours {n / ours_p:9.0f} tok/s   HF {n / hf_p:9.0f} tok/s   "
         f"ours/HF {hf_p / ours_p:5.2f}x"

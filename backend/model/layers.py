@@ -8,14 +8,15 @@ from torch import Tensor, nn
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose single-row case runs as a matrix-vector product.
+    """nn.Linear whose single-row fp32 case runs as a matrix-vector product.
 
-    A decode step multiplies one token's row by every weight; on CPU ``torch.mv`` reads a bf16
-    weight at close to memory bandwidth where the general matmul does not.
+    A decode step multiplies one token's row by every weight. On CPU ``torch.mv`` reads an fp32
+    weight at least as fast as the general matmul; for bf16 weights the matmul (oneDNN) reads
+    them up to 1.8x faster than ``torch.mv`` (measured on the project's AMD EPYC, one thread).
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dim() == 2 and x.shape[0] == 1 and self.bias is None:
+        if x.dim() == 2 and x.shape[0] == 1 and self.bias is None and x.dtype == torch.float32:
             return torch.mv(self.weight, x[0])[None]
         return F.linear(x, self.weight, self.bias)
 
