@@ -118,9 +118,9 @@ def _check_weight(x: Tensor, weight: Tensor, scale_inv: Tensor, block: tuple[int
 
 def act_quant(x: Tensor, group: int = GROUP) -> tuple[Tensor, Tensor]:
     """Triton: x [M, K] -> (e4m3 [M, K], fp32 scales [M, ceil(K / group)])."""
+    support.check_device(x)
     from backend.kernels import _fp8_gemm_triton as kernels
 
-    support.check_device(x)
     if x.dim() != 2:
         raise ValueError(f"x must be [M, K], got shape {tuple(x.shape)}")
     support.check_contiguous_rows("x", x)
@@ -147,9 +147,9 @@ def fp8_linear(
     ``quantize_activations`` picks W8A8 (x quantized per token and group of ``block[1]``) over
     weight-only (x used as it is).
     """
+    support.check_device(x, weight, scale_inv)
     from backend.kernels import _fp8_gemm_triton as kernels
 
-    support.check_device(x, weight, scale_inv)
     _check_weight(x, weight, scale_inv, block)
     m, k = x.shape
     n = weight.shape[0]

@@ -163,11 +163,10 @@ def fused_moe(
 ) -> Tensor:
     """Triton: what ``fused_moe_reference`` computes, [T, D] in x's dtype. x [T, D],
     route_weights [T, top_k] (fp32), expert_ids [T, top_k]."""
+    w13, w2, w13_scale, w2_scale = experts.w13, experts.w2, experts.w13_scale, experts.w2_scale
+    support.check_device(x, w13, w2, route_weights, expert_ids)
     from backend.kernels import _fused_moe_triton as kernels
 
-    w13, w2, w13_scale, w2_scale = experts.w13, experts.w2, experts.w13_scale, experts.w2_scale
-
-    support.check_device(x, w13, w2, route_weights, expert_ids)
     _check(x, w13, w2, route_weights, expert_ids, w13_scale, w2_scale)
     num_tokens, top_k = expert_ids.shape
     num_experts, _, dim = w13.shape

@@ -135,9 +135,9 @@ def mla_decode(
     """Triton: what ``mla_decode_reference`` computes. q_latent [T, H, LORA], q_pe [T, H, ROPE],
     kv [slots, LORA + ROPE] (one cache layer), block_tables [S, B] int32, token_seq and
     token_len [T] int32. Returns [T, H, LORA] fp32."""
+    support.check_device(q_latent, q_pe, kv, block_tables, token_seq, token_len)
     from backend.kernels import _mla_decode_triton as kernels
 
-    support.check_device(q_latent, q_pe, kv, block_tables, token_seq, token_len)
     _check(q_latent, q_pe, kv, block_tables, token_seq, token_len)
     tiles = tiles or DecodeTiles()
     num_tokens, num_heads, lora = q_latent.shape

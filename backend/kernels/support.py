@@ -16,7 +16,10 @@ from torch import Tensor
 
 @cache
 def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # blocked or half-installed
+        return False
 
 
 def interpreting() -> bool:
