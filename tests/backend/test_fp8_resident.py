@@ -62,17 +62,20 @@ def test_resident_matches_dequantize_at_load(tiny_fp8_dir: Path, dtype: torch.dt
     assert resident.generate_greedy(PROMPT, 6) == at_load.generate_greedy(PROMPT, 6)
 
 
-def test_tiled_dequantization_matches_whole_weight() -> None:
-    weight, scale_inv = fp8.quantize(
-        torch.randn(300, 200, generator=torch.Generator().manual_seed(1))
-    )
-    x = torch.randn(3, 200)
+@pytest.mark.parametrize(("rows", "cols"), [(300, 200), (384, 256)])  # partial, whole blocks
+def test_tiled_dequantization_matches_whole_weight(rows: int, cols: int) -> None:
+    generator = torch.Generator().manual_seed(1)
+    weight, scale_inv = fp8.quantize(torch.randn(rows, cols, generator=generator))
+    x = torch.randn(3, cols, generator=generator)
     whole = x @ fp8.dequantize(weight, scale_inv).t()
-    for tile_elements in (1, 128 * 200, 1 << 22):  # one scale row per band, several, all at once
+    for tile_elements in (1, 128 * cols, 1 << 22):  # one scale row per band, several, all
         torch.testing.assert_close(
             fp8_gemm.linear_tiled(x, weight, scale_inv, tile_elements=tile_elements), whole
         )
     torch.testing.assert_close(fp8_gemm.linear_tiled(x[:1], weight, scale_inv), whole[:1])
+    # bf16: the same bf16 weights as dequantizing at load, so the same products
+    at_load = x.bfloat16() @ fp8.dequantize(weight, scale_inv, dtype=torch.bfloat16).t()
+    torch.testing.assert_close(fp8_gemm.linear_tiled(x.bfloat16(), weight, scale_inv), at_load)
 
 
 def test_unknown_fp8_mode_is_rejected(tiny_fp8_dir: Path) -> None:
