@@ -11,7 +11,18 @@ from aiohttp import web
 from gateway import handlers
 from gateway.access import AccessControl
 from gateway.admin.api import setup_admin
-from gateway.appkeys import ACCESS, BREAKERS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS, SIGNER
+from gateway.appkeys import (
+    ACCESS,
+    BREAKERS,
+    CLUSTER,
+    METRICS,
+    PIPELINE,
+    REDIS,
+    ROUTER,
+    SETTINGS,
+    SIGNER,
+)
+from gateway.cluster.node import open_cluster
 from gateway.keepalive import KeepAlive
 from gateway.keys.access import RedisAccessControl
 from gateway.metrics import Metrics
@@ -45,6 +56,12 @@ def create_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(add_route_header)
     app.cleanup_ctx.append(_resources)
     app.add_routes(handlers.routes())
+    if settings.cluster.enabled:
+        # Imported here: the internal engine endpoint reaches the engine (torch), which a
+        # gateway of upstreams never loads.
+        from gateway.cluster import internal
+
+        app.add_routes(internal.routes())
     setup_admin(app, settings)
     setup_openapi(app)
     return app
@@ -82,7 +99,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         else:
             access = OpenAccess()
         app[ACCESS] = access
-        providers = await stack.enter_async_context(open_providers(settings, app[METRICS]))
+        cluster = await stack.enter_async_context(open_cluster(redis, settings))
+        if cluster is not None:
+            app[CLUSTER] = cluster
+        providers = await stack.enter_async_context(open_providers(settings, app[METRICS], cluster))
         direct = {name: p.direct_models for name, p in settings.live_providers()[0].items()}
         router = Router(providers, settings.models, direct, settings.model_patterns)
         app[ROUTER] = router

@@ -6,6 +6,7 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from gateway.access import AccessControl
+from gateway.cluster.node import ClusterNode
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
 from gateway.routing import Router
@@ -21,3 +22,4 @@ METRICS = web.AppKey("metrics", Metrics)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 BREAKERS = web.AppKey("breakers", Breakers)
 SIGNER = web.AppKey("thinking_signer", ThinkingSigner)
+CLUSTER = web.AppKey("cluster", ClusterNode)

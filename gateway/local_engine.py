@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+from gateway.cluster.node import ClusterNode
 from gateway.engine_metrics import register_engine_metrics
 from gateway.metrics import Metrics
 from gateway.settings import EngineSettings
@@ -15,9 +16,10 @@ from providers.local_setup import open_local_provider
 
 @asynccontextmanager
 async def open_local_engine(
-    name: str, engine: EngineSettings, metrics: Metrics
+    name: str, engine: EngineSettings, metrics: Metrics, cluster: ClusterNode | None = None
 ) -> AsyncIterator[LocalProvider]:
-    """The started local provider, its engine stats exported as Prometheus gauges."""
+    """The started local provider, its engine stats exported as Prometheus gauges; with a
+    cluster node, its blocks are published and prompts go where their prefix is cached."""
     async with AsyncExitStack() as stack:
         local = await stack.enter_async_context(
             open_local_provider(
@@ -26,6 +28,8 @@ async def open_local_engine(
                 model_path=engine.model_path,
                 demo_dir=engine.demo_dir,
                 demo_preset=engine.demo_preset,
+                on_block_event=cluster.buffer.push if cluster else None,
+                open_placer=cluster.serve_engine if cluster else None,
             )
         )
         stack.callback(register_engine_metrics(metrics.registry, name, local.engine_stats))

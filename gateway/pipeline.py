@@ -28,7 +28,7 @@ from gateway.output_limits import OutputLimits
 from gateway.routing import Route, Router
 from gateway.routing.breaker import Breakers
 from gateway.routing.decide import Decider, Decision
-from gateway.routing.explain import ROUTE, explain
+from gateway.routing.explain import ROUTE, explain, note_placement
 from gateway.routing.plan import RoutePlanner
 from gateway.settings import BreakerSettings, RoutingSettings
 from gateway.tokens import prompt_tokens
@@ -177,6 +177,7 @@ class Pipeline:
             except StopAsyncIteration:
                 self.breakers.success(name)
                 self._opened(decision, route, tally)
+                note_placement(request, req)
                 return empty()
             except perr.ProviderError as exc:
                 await events.aclose()
@@ -201,6 +202,7 @@ class Pipeline:
                 raise
             self.breakers.success(name)
             self._opened(decision, route, tally)
+            note_placement(request, req)
             if drop_reasoning:
                 events = without_reasoning(events)
                 if isinstance(first, ReasoningDelta):

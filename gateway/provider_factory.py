@@ -13,6 +13,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import structlog
 
+from gateway.cluster.node import ClusterNode
 from gateway.metrics import Metrics
 from gateway.settings import ProviderSettings, Settings
 from providers.anthropic_upstream import AnthropicUpstream
@@ -39,7 +40,7 @@ def upstream_config(name: str, settings: ProviderSettings) -> UpstreamConfig:
 
 @asynccontextmanager
 async def open_providers(
-    settings: Settings, metrics: Metrics
+    settings: Settings, metrics: Metrics, cluster: ClusterNode | None = None
 ) -> AsyncIterator[dict[str, Provider]]:
     """One opened Provider per live provider, by name; all are closed when the context exits
     (a local engine is stopped, its metrics collector removed)."""
@@ -57,7 +58,7 @@ async def open_providers(
                 from gateway.local_engine import open_local_engine
 
                 providers[name] = await stack.enter_async_context(
-                    open_local_engine(name, settings.engine, metrics)
+                    open_local_engine(name, settings.engine, metrics, cluster)
                 )
             else:
                 config = upstream_config(name, provider_settings)

@@ -30,6 +30,7 @@ from backend.engine.sampling_params import SamplingParams
 from backend.text.chat_template import ChatFormatError
 from backend.text.tokenizer import Tokenizer
 from providers.base import ModelCard
+from providers.engine_client import EngineClient, EnginePlacer
 from providers.errors import InvalidRequest, Overloaded, UpstreamUnavailable
 from providers.local_stream import TokenTranslator
 from providers.types import (
@@ -59,7 +60,8 @@ class LocalProvider:
     `model_id`: the one model this provider lists; a request's model name is not checked (routes
     name the provider-side model). Sampling values the request leaves unset are filled by the
     engine from the checkpoint's generation_config.json. `slots`: the engine's max_num_seqs
-    (requests beyond it wait).
+    (requests beyond it wait). `placer`: picks the engine per prompt (this one, or a cluster
+    peer's; gateway/cluster/) and explains the choice.
     """
 
     def __init__(
@@ -70,10 +72,12 @@ class LocalProvider:
         model_id: str,
         *,
         slots: int,
+        placer: EnginePlacer | None = None,
     ) -> None:
         self.name = name
         self._slots = slots
         self._engine = engine
+        self._placer = placer
         self._tokenizer = tokenizer
         self._model_id = model_id
 
@@ -112,7 +116,10 @@ class LocalProvider:
             logprobs=params.logprobs,
         )
         request_id = f"{request.request_id or 'local'}-{uuid.uuid4().hex[:12]}"
-        outputs = self._engine.generate(request_id, prompt.ids, params)
+        engine: EngineClient = self._engine
+        if self._placer is not None:
+            engine, request.trace.placement = self._placer.place(prompt.ids)
+        outputs = engine.generate(request_id, prompt.ids, params)
         num_cached = 0
         engine_reason: str | None = None
         try:
@@ -121,7 +128,7 @@ class LocalProvider:
                 for event in translator.push(output.new_token_ids, output.logprobs):
                     yield event
                 if translator.stopped:
-                    self._engine.finish(request_id, "stop")
+                    engine.finish(request_id, "stop")
                     engine_reason = "stop"
                     break
                 if output.finished:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import structlog
@@ -19,9 +20,11 @@ import torch
 
 from backend.demo_checkpoint import PRESETS, write_demo_checkpoint
 from backend.engine.async_engine import AsyncEngine
+from backend.engine.blocks import BlockEvent
 from backend.engine.engine_config import EngineConfig
 from backend.model.checkpoint import INDEX_FILE
 from backend.text.tokenizer import Tokenizer
+from providers.engine_client import EnginePlacer
 from providers.local import LocalProvider
 
 log = structlog.get_logger("providers.local")
@@ -68,14 +71,20 @@ async def open_local_provider(
     demo_dir: Path = Path(".data/demo-checkpoint"),
     demo_preset: str = "small",
     model_id: str = DEFAULT_MODEL_ID,
+    on_block_event: Callable[[BlockEvent], None] | None = None,
+    open_placer: Callable[[AsyncEngine], AbstractAsyncContextManager[EnginePlacer]] | None = None,
 ) -> AsyncIterator[LocalProvider]:
     """A started LocalProvider over `config`'s engine; the engine stops on exit. The engine
-    is the process's one user of torch, so torch's threads are set here, once."""
+    is the process's one user of torch, so torch's threads are set here, once.
+    `on_block_event` hears the engine's prefix-cache events; `open_placer(engine)` gives the
+    placer that may send prompts to other engines (it is closed before the engine stops)."""
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     checkpoint = await asyncio.to_thread(resolve_checkpoint, model_path, demo_dir, demo_preset)
     tokenizer = await asyncio.to_thread(Tokenizer.from_dir, checkpoint)
-    engine = await asyncio.to_thread(AsyncEngine.from_checkpoint, checkpoint, config)
+    engine = await asyncio.to_thread(
+        partial(AsyncEngine.from_checkpoint, on_block_event=on_block_event), checkpoint, config
+    )
     engine.start()
     stats = engine.stats()
     log.info(
@@ -87,7 +96,13 @@ async def open_local_provider(
         max_model_len=engine.max_model_len,
     )
     try:
-        yield LocalProvider(name, engine, tokenizer, model_id, slots=config.max_num_seqs)
+        async with AsyncExitStack() as stack:
+            placer = None
+            if open_placer is not None:
+                placer = await stack.enter_async_context(open_placer(engine))
+            yield LocalProvider(
+                name, engine, tokenizer, model_id, slots=config.max_num_seqs, placer=placer
+            )
     finally:
         await engine.stop()
         log.info("local_engine_stopped", provider=name)

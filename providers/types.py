@@ -132,6 +132,14 @@ class ProviderLoad:
         return max(0, self.running + self.waiting + 1 - self.slots)
 
 
+@dataclass(slots=True)
+class RouteTrace:
+    """What the serving provider decided, e.g. the cluster node that ran the prompt
+    (`placement`: "node=b; prefix=12/14; forwarded")."""
+
+    placement: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """A normalized chat request.
@@ -162,6 +170,8 @@ class ChatRequest:
     # The prompt as the serving provider prepared it (None: the provider prepares it itself).
     prepared: PreparedPrompt | None = None
     anthropic_body: dict[str, Any] | None = None
+    # Filled in by the provider that serves the request, for the route explanation.
+    trace: RouteTrace = field(default_factory=lambda: RouteTrace())
 
 
 # ---- events a provider yields, in order -------------------------------------------------------

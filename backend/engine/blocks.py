@@ -20,9 +20,12 @@ from backend.engine.request import Request
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
-    """A block's content became reusable under `block_hash`."""
+    """A block's content became reusable under `block_hash` = block_hash(parent_hash,
+    token_ids) (`backend.engine.block_hash`), so a listener can check or recompute it."""
 
     block_hash: bytes
+    parent_hash: bytes
+    token_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +154,16 @@ class BlockManager:
         if end <= start:
             return
         hashes = self.block_hashes(seq)
+        size = self.block_size
         for i in range(start, end):
             block_id, h = seq.block_table[i], hashes[i]
             if self._hashes[block_id] is None and h not in self._block_of_hash:
                 self._hashes[block_id] = h
                 self._block_of_hash[h] = block_id
-                self._emit(BlockStored(h))
+                if self._on_event is not None:
+                    parent = hashes[i - 1] if i else self._root
+                    tokens = tuple(seq.token_ids[i * size : (i + 1) * size])
+                    self._on_event(BlockStored(h, parent, tokens))
         self._num_committed[seq.request_id] = end
 
     def free(self, seq: Request) -> None:

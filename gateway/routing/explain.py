@@ -4,7 +4,12 @@ Format: `; `-separated `name=value` fields, in this order (optional ones only wh
   provider=<provider>; model=<provider-side model>; thinking=on|off; reason=<reason>
   [; score=<0.00-1.00>] [; client=refused] [; overflow=queue|context] [; skipped=<p1>,<p2>]
   [; shadow_thinking=on|off; shadow_reason=<reason>[; shadow_score=<score>]]
+  [; node=<cluster node>; prefix=<cached>/<reusable blocks>; via=local|forward|fallback
+     [; tried=<unreachable node>]] [; account=<i>/<n>]
 Reasons: policy:off, policy:on, client, route, default, rule:<name>@<version>, sticky, score.
+The last fields come from the provider that served the request (`ChatRequest.trace`): the local
+engine says which cluster node ran the prompt and how much of it was cached there; an upstream
+with several accounts says which one the conversation keeps to.
 `thinking=off` also stands for "the provider's default" (DeepSeek-V3.1's is off).
 """
 
@@ -14,6 +19,7 @@ from aiohttp import web
 
 from gateway.routing.aliases import Route
 from gateway.routing.decide import Decision
+from providers.types import ChatRequest
 
 HEADER = "x-gateway-route"
 ROUTE = web.RequestKey("gateway_route", str)
@@ -42,6 +48,14 @@ def explain(decision: Decision, route: Route, skipped: list[str]) -> str:
         if shadow.score is not None:
             fields.append(f"shadow_score={shadow.score:.2f}")
     return "; ".join(fields)
+
+
+def note_placement(request: web.Request, served: ChatRequest) -> None:
+    """Append what the serving provider reported (where it ran the request) to the route."""
+    placement = served.trace.placement
+    route = request.get(ROUTE)
+    if placement and route:
+        request[ROUTE] = f"{route}; {placement}"
 
 
 async def add_route_header(request: web.Request, response: web.StreamResponse) -> None:

@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from backend.engine.block_hash import chain_hashes, root_hash
+from backend.engine.block_hash import block_hash, chain_hashes, root_hash
 from backend.engine.blocks import BlockEvent, BlockEvicted, BlockManager, BlockStored
 from backend.engine.request import Request
 from backend.engine.sampling_params import SamplingParams
@@ -170,7 +170,7 @@ def test_duplicate_content_is_registered_once() -> None:
     bm.allocate(b)  # neither computed yet: no sharing
     compute_all(bm, a)
     compute_all(bm, b)
-    assert events == [BlockStored(a.block_hashes[0])]
+    assert events == [BlockStored(a.block_hashes[0], root_hash(SEED, 2), (1, 2))]
     assert bm.hash_of(b.block_table[0]) is None
     a_block, b_block = a.block_table[0], b.block_table[0]
     bm.free(a)
@@ -330,6 +330,8 @@ class PoolMachine(RuleBasedStateMachine):
         for event in self.events:
             if isinstance(event, BlockStored):
                 assert event.block_hash not in cached
+                # each event carries what recomputes its hash
+                assert block_hash(event.parent_hash, event.token_ids) == event.block_hash
                 cached.add(event.block_hash)
             else:
                 cached.remove(event.block_hash)

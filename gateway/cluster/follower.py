@@ -1,0 +1,159 @@
+"""Keeps the in-memory `PrefixIndex` in step with Redis, and knows which nodes are live.
+
+Every `heartbeat_s` it reads the member set and every member's liveness record in one round
+trip: a member with a record (and this node's cache root) is live; one without is dropped with
+all its entries. A live node not yet synced is loaded from its snapshot, and its stream is then
+read from the position the snapshot names (one blocking XREAD over all streams). A gap, a
+malformed entry or a lost connection resyncs from the snapshot. When Redis cannot be read for
+longer than the liveness TTL, no peer counts as live (requests are served locally).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from backend.engine.block_hash import HASH_SIZE
+from gateway.cluster.events import MalformedBatch, decode_batch
+from gateway.cluster.index import Applied, PrefixIndex
+from gateway.cluster.keys import ClusterKeys, NodeRecord
+from gateway.cluster.scoring import NodeLoad
+from gateway.settings import ClusterSettings
+
+log = structlog.get_logger("gateway.cluster.follower")
+
+_XREAD_COUNT = 512
+
+
+class IndexFollower:
+    def __init__(
+        self,
+        redis: Redis,
+        keys: ClusterKeys,
+        cache_root: str,
+        settings: ClusterSettings,
+        index: PrefixIndex,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._cache_root = cache_root
+        self._settings = settings
+        self.index = index
+        self._records: dict[str, NodeRecord] = {}
+        self._positions: dict[str, str] = {}  # synced node -> last stream id read
+        self._valid_until = 0.0  # the live set is trusted until then
+        self._poll_due = 0.0
+        self.num_resyncs = 0
+
+    def live(self, now: float) -> dict[str, NodeRecord]:
+        """Live nodes (this one included once it published), by id."""
+        return dict(self._records) if now < self._valid_until else {}
+
+    def loads(self, now: float) -> dict[str, NodeLoad]:
+        return {
+            node: NodeLoad(r.waiting, r.running_tokens, r.free_blocks)
+            for node, r in self.live(now).items()
+        }
+
+    async def run(self) -> None:
+        backoff = self._settings.heartbeat_s
+        while True:
+            try:
+                if time.monotonic() >= self._poll_due:
+                    await self.poll()
+                await self.read_streams(block_ms=int(self._settings.heartbeat_s * 1000))
+                backoff = self._settings.heartbeat_s
+            except (RedisError, OSError) as exc:
+                log.warning("cluster_follow_failed", error=str(exc))
+                self._positions.clear()  # every node is resynced once Redis answers again
+                if time.monotonic() >= self._valid_until:
+                    self._forget_all()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._settings.liveness_ttl_s)
+
+    async def poll(self) -> None:
+        """Read members and liveness; drop the dead, sync the newly live."""
+        started = time.monotonic()
+        raw_members = await self._redis.smembers(self._keys.members)
+        members = sorted(m.decode() if isinstance(m, bytes) else m for m in raw_members)
+        raws = await self._redis.mget([self._keys.live(m) for m in members]) if members else []
+        records: dict[str, NodeRecord] = {}
+        for node, raw in zip(members, raws, strict=True):
+            if raw is None:
+                continue
+            try:
+                record = NodeRecord.loads(raw)
+            except (ValueError, KeyError, TypeError):
+                log.warning("cluster_bad_record", node=node)
+                continue
+            if record.cache_root == self._cache_root:
+                records[node] = record
+        for node in list(self._records):
+            if node not in records:
+                self._forget(node)
+        self._records = records
+        self._valid_until = started + self._settings.liveness_ttl_s
+        self._poll_due = started + self._settings.heartbeat_s
+        for node in records:
+            if node not in self._positions:
+                await self.resync(node)
+
+    async def resync(self, node: str) -> None:
+        """Load `node` from its snapshot; without one it stays unsynced (and holds nothing)."""
+        self.num_resyncs += 1
+        snap: dict[Any, Any] = await self._redis.hgetall(self._keys.snapshot(node))
+        self._positions.pop(node, None)
+        if not snap or b"epoch" not in snap:
+            self.index.drop(node)
+            return
+        epoch, seq, blob = int(snap[b"epoch"]), int(snap[b"seq"]), snap.get(b"hashes", b"")
+        hashes = (blob[i : i + HASH_SIZE] for i in range(0, len(blob), HASH_SIZE))
+        self.index.load_snapshot(node, epoch, seq, hashes)
+        self._positions[node] = f"{epoch}-{seq}"
+
+    async def read_streams(self, block_ms: int) -> None:
+        """Apply what the synced nodes' streams hold past their positions (waiting up to
+        `block_ms` for something new)."""
+        if not self._positions:
+            await asyncio.sleep(block_ms / 1000)
+            return
+        streams: dict[Any, Any] = {self._keys.stream(n): p for n, p in self._positions.items()}
+        node_of = {self._keys.stream(n).encode(): n for n in self._positions}
+        replies: Any = await self._redis.xread(streams, count=_XREAD_COUNT, block=block_ms)
+        for stream, entries in replies or []:
+            node = node_of[stream]
+            if node not in self._positions:
+                continue
+            await self._apply_entries(node, entries)
+
+    async def _apply_entries(
+        self, node: str, entries: list[tuple[bytes, dict[bytes, bytes]]]
+    ) -> None:
+        for entry_id, fields in entries:
+            sid = entry_id.decode()
+            epoch, _, seq = sid.partition("-")
+            try:
+                events = decode_batch(fields[b"d"])
+            except (MalformedBatch, KeyError):
+                log.warning("cluster_bad_entry", node=node, id=sid)
+                await self.resync(node)
+                return
+            if self.index.apply(node, int(epoch), int(seq), events) is Applied.GAP:
+                log.info("cluster_gap", node=node, id=sid, at=self.index.position(node))
+                await self.resync(node)
+                return
+            self._positions[node] = sid
+
+    def _forget(self, node: str) -> None:
+        self.index.drop(node)
+        self._positions.pop(node, None)
+        self._records.pop(node, None)
+
+    def _forget_all(self) -> None:
+        for node in list(self._records):
+            self._forget(node)

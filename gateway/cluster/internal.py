@@ -1,0 +1,120 @@
+"""The internal engine endpoint: peers (and same-host workers) run prompts on this node's engine.
+
+Authenticated by the shared node secret in `x-node-secret` (compared in constant time); user
+API keys never open it, and it does not exist unless `cluster.enabled`. No admission, usage or
+parsing here: the node the client reached does all of that. The answer streams RequestOutputs
+as JSON lines (providers/remote_engine.py); a client that goes away aborts the request.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import time
+
+from aiohttp import web
+
+from backend.engine.async_engine import (
+    EngineClosed,
+    EngineError,
+    EngineOverloaded,
+)
+from backend.engine.sampling_params import SamplingParams
+from gateway.appkeys import CLUSTER
+from gateway.cluster.node import ClusterNode
+from gateway.errors import AuthenticationError, InvalidRequest, NotFound, ServiceUnavailable
+from providers import jsoncodec
+from providers.remote_engine import (
+    GENERATE_PATH,
+    SECRET_HEADER,
+    output_to_json,
+    params_from_json,
+)
+
+STATUS_PATH = "/internal/cluster"
+
+
+def _node(request: web.Request) -> ClusterNode:
+    """This node, once the caller proved it knows the node secret."""
+    node = request.app.get(CLUSTER)
+    if node is None:
+        raise NotFound("Not found")
+    given = request.headers.get(SECRET_HEADER, "")
+    if not node.secret or not hmac.compare_digest(given.encode(), node.secret.encode()):
+        raise AuthenticationError(
+            "This endpoint takes the cluster node secret.", code="bad_node_secret"
+        )
+    return node
+
+
+async def status(request: web.Request) -> web.Response:
+    """What this node's index holds: the live nodes, their load and how many blocks each."""
+    node = _node(request)
+    placer = node.placer
+    nodes: dict[str, dict[str, object]] = {}
+    if placer is not None:
+        follower = placer.follower
+        for node_id, record in follower.live(time.monotonic()).items():
+            nodes[node_id] = {
+                "url": record.url,
+                "blocks": follower.index.num_blocks(node_id),
+                "position": follower.index.position(node_id),
+                "waiting": record.waiting,
+                "running_tokens": record.running_tokens,
+                "free_blocks": record.free_blocks,
+            }
+    body = {"node": node.node_id, "url": node.url, "nodes": nodes}
+    return web.Response(body=jsoncodec.dumps(body), content_type="application/json")
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    node = _node(request)
+    engine = node.engine
+    if engine is None:
+        raise ServiceUnavailable("This node serves no local engine.", code="no_engine")
+    request_id, prompt_ids, params = _parse(await request.read())
+    outputs = engine.generate(request_id, prompt_ids, params)
+    try:
+        try:
+            first = await anext(outputs)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="prompt_ids") from None
+        except EngineOverloaded as exc:
+            retry = str(max(1, math.ceil(exc.retry_after_s)))
+            raise ServiceUnavailable(
+                str(exc), code="overloaded", headers={"Retry-After": retry}
+            ) from None
+        except (EngineClosed, EngineError) as exc:
+            raise ServiceUnavailable(str(exc), code="engine_unavailable") from None
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        await resp.write(output_to_json(first))
+        try:
+            async for output in outputs:
+                await resp.write(output_to_json(output))
+        except EngineError as exc:
+            await resp.write(jsoncodec.dumps({"error": str(exc)}) + b"\n")
+        return resp
+    finally:
+        await outputs.aclose()
+
+
+def _parse(raw: bytes) -> tuple[str, list[int], SamplingParams]:
+    try:
+        body = jsoncodec.loads(raw)
+        request_id = body["request_id"]
+        prompt_ids = body["prompt_ids"]
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if not isinstance(prompt_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids
+        ):
+            raise ValueError("prompt_ids must be a list of integers")
+        params = params_from_json(body.get("params", {}))
+    except (jsoncodec.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise InvalidRequest(f"Bad internal generate request: {exc}") from None
+    return request_id, prompt_ids, params
+
+
+def routes() -> list[web.RouteDef]:
+    return [web.post(GENERATE_PATH, generate), web.get(STATUS_PATH, status)]

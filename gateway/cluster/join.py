@@ -1,0 +1,81 @@
+"""Joining the cluster with the local engine: publisher, index follower, placer, sweeper."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import structlog
+from redis.asyncio import Redis
+
+from backend.engine.async_engine import AsyncEngine
+from backend.engine.block_hash import root_hash
+from gateway.cluster.follower import IndexFollower
+from gateway.cluster.index import PrefixIndex
+from gateway.cluster.keys import ClusterKeys, NodeRecord
+from gateway.cluster.node import ClusterNode
+from gateway.cluster.placer import ClusterPlacer
+from gateway.cluster.publisher import BlockPublisher
+from gateway.cluster.scoring import NodeLoad
+
+log = structlog.get_logger("gateway.cluster")
+
+
+@asynccontextmanager
+async def join_cluster(
+    node: ClusterNode,
+    engine: AsyncEngine,
+    redis: Redis,
+    keys: ClusterKeys,
+    session: aiohttp.ClientSession,
+) -> AsyncIterator[ClusterPlacer]:
+    """Publish `engine`'s blocks (a new epoch), follow every node's, and yield the placer;
+    on exit leave the cluster (the liveness key is deleted at once)."""
+    settings = node.settings
+    root = root_hash(engine.hash_seed, engine.block_size)
+    block_size = engine.block_size
+
+    def local_load() -> NodeLoad:
+        s = engine.stats()
+        used = s.num_total_blocks - s.num_free_blocks
+        return NodeLoad(s.num_waiting, used * block_size, s.num_free_blocks)
+
+    def record(epoch: int) -> NodeRecord:
+        load = local_load()
+        total = engine.stats().num_total_blocks
+        return NodeRecord(
+            node.url, root.hex(), epoch, load.waiting, load.running_tokens, load.free_blocks, total
+        )
+
+    publisher = BlockPublisher(redis, keys, node.node_id, node.buffer, record, settings)
+    follower = IndexFollower(redis, keys, root.hex(), settings, PrefixIndex())
+    placer = ClusterPlacer(
+        node.node_id, root, block_size, engine, local_load, follower, session, settings
+    )
+    await publisher.start()
+    tasks = [
+        asyncio.create_task(publisher.run(), name="cluster-publisher"),
+        asyncio.create_task(follower.run(), name="cluster-follower"),
+        asyncio.create_task(_sweep(placer, settings.pending_s or 1.0), name="cluster-sweeper"),
+    ]
+    log.info("cluster_joined", node=node.node_id, url=node.url, epoch=publisher.epoch)
+    try:
+        yield placer
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await publisher.close()
+        await placer.aclose()
+        log.info("cluster_left", node=node.node_id)
+
+
+async def _sweep(placer: ClusterPlacer, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        placer.sweep()

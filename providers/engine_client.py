@@ -1,0 +1,25 @@
+"""What the local provider needs of an engine, wherever it runs (in-process `AsyncEngine`,
+or a peer's over `providers.remote_engine.RemoteEngine`), and of whoever picks one."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from typing import Protocol
+
+from backend.engine.llm_engine import RequestOutput
+from backend.engine.request import FinishReason
+from backend.engine.sampling_params import SamplingParams
+
+
+class EngineClient(Protocol):
+    def generate(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncGenerator[RequestOutput, None]: ...
+
+    def finish(self, request_id: str, reason: FinishReason = "stop") -> None: ...
+
+
+class EnginePlacer(Protocol):
+    def place(self, prompt_ids: Sequence[int]) -> tuple[EngineClient, str]:
+        """The engine to serve `prompt_ids` and a short explanation of the choice."""
+        ...
