@@ -9,6 +9,7 @@ from typing import Protocol
 from backend.engine.llm_engine import RequestOutput
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
+from providers.types import RouteTrace
 
 
 class EngineClient(Protocol):
@@ -20,6 +21,6 @@ class EngineClient(Protocol):
 
 
 class EnginePlacer(Protocol):
-    def place(self, prompt_ids: Sequence[int]) -> tuple[EngineClient, str]:
-        """The engine to serve `prompt_ids` and a short explanation of the choice."""
+    def place(self, prompt_ids: Sequence[int], trace: RouteTrace) -> EngineClient:
+        """The engine to serve `prompt_ids`; the choice is explained in `trace.placement`."""
         ...

@@ -118,7 +118,7 @@ class LocalProvider:
         request_id = f"{request.request_id or 'local'}-{uuid.uuid4().hex[:12]}"
         engine: EngineClient = self._engine
         if self._placer is not None:
-            engine, request.trace.placement = self._placer.place(prompt.ids)
+            engine = self._placer.place(prompt.ids, request.trace)
         outputs = engine.generate(request_id, prompt.ids, params)
         num_cached = 0
         engine_reason: str | None = None

@@ -2,10 +2,11 @@
 
 Every `heartbeat_s` it reads the member set and every member's liveness record in one round
 trip: a member with a record (and this node's cache root) is live; one without is dropped with
-all its entries. A live node not yet synced is loaded from its snapshot, and its stream is then
-read from the position the snapshot names (one blocking XREAD over all streams). A gap, a
-malformed entry or a lost connection resyncs from the snapshot. When Redis cannot be read for
-longer than the liveness TTL, no peer counts as live (requests are served locally).
+all its entries; one whose record names a newer epoch than its synced position is resynced. A
+live node not yet synced is loaded from its snapshot, and its stream is then read from the
+position the snapshot names (one blocking XREAD over all streams). A gap, a malformed entry or
+a lost connection resyncs from the snapshot. When Redis cannot be read for longer than the
+liveness TTL, no peer counts as live (requests are served locally).
 """
 
 from __future__ import annotations
@@ -99,8 +100,10 @@ class IndexFollower:
         self._records = records
         self._valid_until = started + self._settings.liveness_ttl_s
         self._poll_due = started + self._settings.heartbeat_s
-        for node in records:
-            if node not in self._positions:
+        for node, record in records.items():
+            position = self.index.position(node)
+            # a record of a newer epoch: the node republished (a restart, lost Redis data)
+            if node not in self._positions or position is None or position[0] < record.epoch:
                 await self.resync(node)
 
     async def resync(self, node: str) -> None:

@@ -23,6 +23,7 @@ from gateway.cluster.scoring import NodeLoad, PendingMarks, Placement, Weights, 
 from gateway.settings import ClusterSettings
 from providers.engine_client import EngineClient
 from providers.remote_engine import PeerUnreachable, RemoteEngine, split_base
+from providers.types import RouteTrace
 
 
 class ClusterPlacer:
@@ -90,16 +91,22 @@ class ClusterPlacer:
         self.pending.mark(hashes[: placement.prompt_blocks], placement.node_id, now)
         return placement
 
-    def place(self, prompt_ids: Sequence[int]) -> tuple[EngineClient, str]:
+    def place(self, prompt_ids: Sequence[int], trace: RouteTrace) -> EngineClient:
         placement = self.decide(prompt_ids)
+        trace.placement = str(placement)
         if placement.local:
-            return self._local, str(placement)
+            return self._local
         record = self._follower.live(time.monotonic()).get(placement.node_id)
         if record is None:  # gone between scoring and now
-            return self._local, str(placement)
-        remote = RemoteEngine(*self._session_for(record.url), self._secret)
-        return _Forwarded(remote, self._local, lambda: self._suspect(placement.node_id)), str(
-            placement
+            trace.placement = f"{placement}; peer gone, served by node={self._node}"
+            return self._local
+
+        def unreachable() -> None:
+            self._suspect(placement.node_id)
+            trace.placement = f"{placement}; peer unreachable, served by node={self._node}"
+
+        return _Forwarded(
+            RemoteEngine(*self._session_for(record.url), self._secret), self._local, unreachable
         )
 
     async def aclose(self) -> None:

@@ -102,6 +102,7 @@ class BlockPublisher:
             self._seq = 0
             await self._write_snapshot()
             self._broken = False
+            self._heartbeat_due = 0.0  # peers learn the new epoch at once
             log.info("cluster_publisher_resynced", epoch=self._epoch, blocks=len(self._mirror))
         elif events or now >= self._snapshot_due:
             await self._flush(events, snapshot=now >= self._snapshot_due)

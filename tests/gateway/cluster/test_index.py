@@ -44,7 +44,9 @@ def test_events_apply_in_order() -> None:
     blocks = chain(3)
     index.load_snapshot("a", epoch=5, seq=0, hashes=[])
     assert index.apply("a", 5, 1, blocks[:2]) is Applied.APPLIED
-    assert index.apply("a", 5, 3, [blocks[2], BlockEvicted(blocks[0].block_hash)]) is Applied.APPLIED
+    assert (
+        index.apply("a", 5, 3, [blocks[2], BlockEvicted(blocks[0].block_hash)]) is Applied.APPLIED
+    )
     assert index.position("a") == (5, 4)
     assert not index.holders(blocks[0].block_hash)
     assert set(index.holders(blocks[1].block_hash)) == {"a"}

@@ -1,0 +1,307 @@
+"""End to end: two and three gateway node processes on 127.0.0.1 sharing a Redis, the openai SDK
+as the client. A conversation reaching a node without its prefix is served by the node that has
+it; a killed node, a restarted Redis and a stale index entry cost at most a recompute."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+import pytest_asyncio
+from redis.asyncio import Redis
+
+from backend.engine.block_hash import chain_hashes, root_hash
+from backend.engine.blocks import BlockStored
+from backend.model.fingerprint import checkpoint_fingerprint
+from backend.text.tokenizer import Tokenizer
+from gateway.cluster.keys import ClusterKeys, NodeRecord
+from gateway.cluster.publisher import BlockEventBuffer, BlockPublisher
+from gateway.keys.records import KeyCreate
+from gateway.keys.store import KeyStore
+from gateway.settings import ClusterSettings
+from providers.remote_engine import GENERATE_PATH, SECRET_HEADER
+from tests.e2e.cluster_nodes import (
+    SECRET,
+    NodeProcess,
+    node_sections,
+    start_node,
+    wait_cluster,
+    wait_for,
+    write_node_config,
+)
+from tests.gateway.conftest import REDIS_URL, PrivateRedis
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+BLOCK = 16
+TOPIC = (
+    "You are a careful assistant for a lighthouse keeper. The keeper logs the weather, the "
+    "ships that pass, the state of the lamp and the supplies in the store room every evening. "
+    "Answer briefly and never invent ships that were not seen. "
+)
+
+
+def conversation(seed: str, turns: int) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": f"Log book {seed}. " + TOPIC * 2}]
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"Entry {i} of log {seed}: what changed?"})
+        if i < turns - 1:
+            messages.append({"role": "assistant", "content": f"Nothing much on day {i}."})
+    return messages
+
+
+def next_turn(history: list[dict[str, str]], answer: str, question: str) -> list[dict[str, str]]:
+    return [
+        *history,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": question},
+    ]
+
+
+@dataclass
+class Cluster:
+    nodes: dict[str, NodeProcess]
+    key: str
+    prefix: str
+    session: aiohttp.ClientSession
+
+    def client(self, node: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=self.nodes[node].base_url, api_key=self.key, max_retries=0
+        )
+
+    async def ask(self, node: str, messages: list[dict[str, str]], **kw: Any) -> Any:
+        """A greedy answer through `node`, with the response headers."""
+        raw = await self.client(node).chat.completions.with_raw_response.create(
+            model="deepseek-chat", messages=messages, temperature=0, max_tokens=4, **kw
+        )
+        return raw.parse(), raw.headers
+
+    async def holds(self, observer: str, holder: str, min_blocks: int) -> None:
+        await wait_for(
+            self.session,
+            self.nodes[observer],
+            lambda s: s["nodes"].get(holder, {}).get("blocks", 0) >= min_blocks,
+            what=f"saw {min_blocks} blocks on {holder}",
+        )
+
+
+@asynccontextmanager
+async def open_cluster(
+    names: list[str], tmp: Path, model_path: Path, redis_url: str = REDIS_URL, **kw: Any
+) -> AsyncIterator[Cluster]:
+    """Node processes `names` on one fresh key prefix, each seeing all others, with one key."""
+    prefix = f"test:{uuid.uuid4().hex}:"
+    config = write_node_config(
+        tmp / "node.toml", node_sections(prefix, redis_url, model_path, **kw)
+    )
+    async with Redis.from_url(redis_url) as redis:
+        secret, _ = await KeyStore(redis, prefix=prefix).create(KeyCreate(name="e2e"))
+    nodes = {name: start_node(name, config, tmp) for name in names}
+    session = aiohttp.ClientSession()
+    try:
+        await wait_cluster(session, list(nodes.values()))
+        yield Cluster(nodes, secret, prefix, session)
+    finally:
+        await session.close()
+        for node in nodes.values():
+            node.stop()
+        async with Redis.from_url(redis_url) as redis:  # Redis may have restarted since
+            keys = [k async for k in redis.scan_iter(match=f"{prefix}*", count=1000)]
+            if keys:
+                await redis.delete(*keys)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pair(
+    tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Cluster]:
+    async with open_cluster(["a", "b"], tmp_path_factory.mktemp("pair"), tiny_checkpoint) as c:
+        yield c
+
+
+def cached_tokens(resp: Any) -> int:
+    details = resp.usage.prompt_tokens_details
+    return int(details.cached_tokens or 0) if details else 0
+
+
+async def test_a_conversation_is_served_where_its_prefix_is(pair: Cluster) -> None:
+    first = conversation("pair", 1)
+    resp, headers = await pair.ask("a", first)
+    assert headers["x-gateway-placement"].startswith("node=a;")
+    assert headers["x-gateway-placement"].endswith("local")
+    prompt_blocks = (resp.usage.prompt_tokens - 1) // BLOCK
+    await pair.holds("b", "a", prompt_blocks)
+    # the next turn reaches b, which forwards it to a, where the history is cached
+    second = next_turn(first, "Fog.", "And?")
+    resp, headers = await pair.ask("b", second)
+    placement = headers["x-gateway-placement"]
+    assert placement.startswith("node=a;") and placement.endswith("forwarded"), placement
+    assert cached_tokens(resp) >= prompt_blocks * BLOCK - BLOCK
+    assert resp.choices[0].finish_reason == "length"
+    # streamed through as well, usage included
+    stream = await pair.client("b").chat.completions.create(
+        model="deepseek-chat",
+        messages=second,
+        temperature=0,
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, usage = "", None
+    async for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        usage = chunk.usage or usage
+    assert text == resp.choices[0].message.content
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert (usage.prompt_tokens_details.cached_tokens or 0) >= prompt_blocks * BLOCK
+
+
+async def test_the_internal_endpoint_takes_only_the_node_secret(pair: Cluster) -> None:
+    url = pair.nodes["a"].root + GENERATE_PATH
+    body = {"request_id": "x", "prompt_ids": [0, 1, 2], "params": {"max_tokens": 1}}
+    for headers in (
+        {"Authorization": f"Bearer {pair.key}"},
+        {SECRET_HEADER: pair.key},
+        {SECRET_HEADER: ""},
+    ):
+        async with pair.session.post(url, json=body, headers=headers) as resp:
+            assert resp.status == 401
+    async with pair.session.post(url, data=b"{", headers={SECRET_HEADER: SECRET}) as resp:
+        assert resp.status == 400
+    async with pair.session.post(url, json=body, headers={SECRET_HEADER: SECRET}) as resp:
+        assert resp.status == 200
+        lines = [line async for line in resp.content if line.strip()]
+        assert b'"finished":true' in lines[-1]
+
+
+async def test_a_stale_entry_costs_only_a_recompute(pair: Cluster, tiny_checkpoint: Path) -> None:
+    """A ghost node claims a prompt's blocks (as a node would whose eviction event has not
+    arrived yet) and is reached at b's address, where nothing is cached: b recomputes."""
+    messages = conversation("stale", 1)
+    tokenizer = Tokenizer.from_dir(tiny_checkpoint)
+    ids = tokenizer.encode_chat(messages, thinking=False)
+    seed = checkpoint_fingerprint(tiny_checkpoint)
+    root = root_hash(seed, BLOCK)
+    hashes = chain_hashes(seed, ids, BLOCK)
+    buffer = BlockEventBuffer()
+    parent = root
+    for i, h in enumerate(hashes):
+        buffer.push(BlockStored(h, parent, tuple(ids[i * BLOCK : (i + 1) * BLOCK])))
+        parent = h
+    b_url = pair.nodes["b"].root
+
+    def record(epoch: int) -> NodeRecord:
+        return NodeRecord(b_url, root.hex(), epoch, 0, 0, 10_000, 10_000)
+
+    settings = ClusterSettings(heartbeat_s=0.2, liveness_ttl_s=1.5)
+    redis = Redis.from_url(REDIS_URL)
+    ghost = BlockPublisher(redis, ClusterKeys(pair.prefix), "ghost", buffer, record, settings)
+    await ghost.start()
+    task = asyncio.create_task(ghost.run())
+    try:
+        await pair.holds("a", "ghost", len(hashes) - 1)
+        resp, headers = await pair.ask("a", messages)
+        assert headers["x-gateway-placement"].startswith("node=ghost;")
+        assert cached_tokens(resp) == 0  # b had none of it: computed in full
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await ghost.close()
+        await wait_for(pair.session, pair.nodes["a"], lambda s: "ghost" not in s["nodes"])
+        # b now really holds the prompt: the next ask is a hit there, with the same answer
+        again, headers = await pair.ask("a", messages)
+        assert headers["x-gateway-placement"].startswith("node=b;")
+        assert cached_tokens(again) > 0
+        assert again.choices[0].message.content == resp.choices[0].message.content
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await ghost.close()
+        await redis.aclose()
+
+
+async def test_a_killed_node_fails_only_its_requests_in_flight(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    async with open_cluster(["a", "b", "c"], tmp_path, tiny_checkpoint) as cluster:
+        first = conversation("kill", 1)
+        resp, _ = await cluster.ask("c", first)
+        blocks = (resp.usage.prompt_tokens - 1) // BLOCK
+        await cluster.holds("a", "c", blocks)
+        later = [
+            *first,
+            {"role": "assistant", "content": "Calm."},
+            {"role": "user", "content": "?"},
+        ]
+        # a long answer forwarded to c; c dies while it streams
+        stream = await cluster.client("a").chat.completions.create(
+            model="deepseek-chat", messages=later, temperature=0, max_tokens=2000, stream=True
+        )
+        with pytest.raises(openai.APIError):
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    cluster.nodes["c"].kill()
+        # the conversation goes on elsewhere, before and after c's liveness expires
+        resp, headers = await cluster.ask("a", later)
+        assert resp.choices[0].finish_reason == "length"
+        assert (
+            "node=c;" not in headers["x-gateway-placement"]
+            or "served by" in (headers["x-gateway-placement"])
+        )
+        await wait_for(cluster.session, cluster.nodes["b"], lambda s: "c" not in s["nodes"])
+        resp, headers = await cluster.ask("b", later)
+        assert resp.choices[0].finish_reason == "length"
+        assert not headers["x-gateway-placement"].startswith("node=c;")
+
+
+async def ask_when_redis_answers(cluster: Cluster, node: str, messages: Any) -> Any:
+    """The keyed path's Redis connection reconnects on its first use after the restart (a
+    503 then, by design): ask until admission answers, within a deadline."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await cluster.ask(node, messages)
+        except openai.InternalServerError as exc:
+            if exc.status_code != 503 or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def test_redis_restarted_indexes_are_rebuilt(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    server = PrivateRedis(tmp_path / "redis")
+    server.dir.mkdir()
+    server.start()
+    try:
+        async with open_cluster(
+            ["a", "b"], tmp_path, tiny_checkpoint, redis_url=server.url()
+        ) as cluster:
+            first = conversation("restart", 1)
+            resp, _ = await cluster.ask("a", first)
+            blocks = (resp.usage.prompt_tokens - 1) // BLOCK
+            await cluster.holds("b", "a", blocks)
+            server.stop()
+            await wait_for(cluster.session, cluster.nodes["b"], lambda s: not s["nodes"])
+            server.start()
+            await cluster.holds("b", "a", blocks)  # rebuilt from Redis alone
+            later = [
+                *first,
+                {"role": "assistant", "content": "Rain."},
+                {"role": "user", "content": "!"},
+            ]
+            resp, headers = await ask_when_redis_answers(cluster, "b", later)
+            assert headers["x-gateway-placement"].startswith("node=a;")
+            assert cached_tokens(resp) >= blocks * BLOCK - BLOCK
+            again, _ = await cluster.ask("a", later)
+            assert again.choices[0].message.content == resp.choices[0].message.content
+    finally:
+        server.stop()

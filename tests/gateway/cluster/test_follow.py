@@ -1,0 +1,199 @@
+"""Publisher -> Redis -> follower, driven step by step on the real Redis (no engine): the index a
+node builds from Redis alone matches what the publisher holds, through gaps, restarts, lost Redis
+data and expired liveness."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from backend.engine.block_hash import block_hash, root_hash
+from backend.engine.blocks import BlockEvicted, BlockStored
+from gateway.cluster.follower import IndexFollower
+from gateway.cluster.index import PrefixIndex
+from gateway.cluster.keys import ClusterKeys, NodeRecord
+from gateway.cluster.publisher import BlockEventBuffer, BlockPublisher
+from gateway.settings import ClusterSettings
+from tests.gateway.conftest import REDIS_URL, PrivateRedis
+
+ROOT = root_hash(b"seed", 4)
+SETTINGS = ClusterSettings(heartbeat_s=0.05, liveness_ttl_s=0.3, snapshot_interval_s=3600)
+
+
+def blocks(n: int, start: int = 0) -> list[BlockStored]:
+    out, parent = [], ROOT
+    for i in range(n):
+        tokens = tuple(start + 4 * i + j for j in range(4))
+        out.append(BlockStored(block_hash(parent, tokens), parent, tokens))
+        parent = out[-1].block_hash
+    return out
+
+
+class Node:
+    """A publisher of its own buffer (standing in for an engine) under `node_id`."""
+
+    def __init__(self, redis: Redis, prefix: str, node_id: str, settings: ClusterSettings) -> None:
+        self.buffer = BlockEventBuffer()
+        self.publisher = BlockPublisher(
+            redis, ClusterKeys(prefix), node_id, self.buffer, self.record, settings
+        )
+        self.node_id = node_id
+
+    def record(self, epoch: int) -> NodeRecord:
+        return NodeRecord(f"http://{self.node_id}", ROOT.hex(), epoch, 0, 0, 100, 100)
+
+    async def publish(self, *events: BlockStored | BlockEvicted) -> None:
+        for event in events:
+            self.buffer.push(event)
+        await self.publisher.tick()
+
+
+def follower(redis: Redis, prefix: str, settings: ClusterSettings = SETTINGS) -> IndexFollower:
+    return IndexFollower(redis, ClusterKeys(prefix), ROOT.hex(), settings, PrefixIndex())
+
+
+async def sync(f: IndexFollower) -> None:
+    await f.poll()
+    await f.read_streams(block_ms=1)
+
+
+def held(f: IndexFollower, node: str, chain: list[BlockStored]) -> int:
+    return f.index.prefix_blocks([b.block_hash for b in chain], [node])[node]
+
+
+@pytest.fixture
+async def shared(redis_prefix: str) -> AsyncIterator[tuple[Redis, str]]:
+    client = Redis.from_url(REDIS_URL)
+    yield client, redis_prefix
+    await client.aclose()
+
+
+async def test_a_late_joiner_builds_the_index_from_snapshot_then_stream(
+    shared: tuple[Redis, str],
+) -> None:
+    redis, prefix = shared
+    a = Node(redis, prefix, "a", SETTINGS)
+    await a.publisher.start()
+    chain = blocks(5)
+    await a.publish(*chain[:3])
+    early = follower(redis, prefix)
+    await sync(early)
+    assert held(early, "a", chain) == 3
+    await a.publish(chain[3], chain[4], BlockEvicted(chain[4].block_hash))
+    # a snapshot now, then more events: a late joiner reads both
+    await a.publisher._write_snapshot()
+    await a.publish(BlockEvicted(chain[3].block_hash))
+    late = follower(redis, prefix)
+    await sync(late)
+    await sync(early)
+    for f in (early, late):
+        assert held(f, "a", chain) == 3
+        assert f.index.num_blocks("a") == 3
+    assert late.index.position("a") == early.index.position("a")
+
+
+async def test_a_gap_in_the_stream_is_resynced_from_the_snapshot(
+    shared: tuple[Redis, str],
+) -> None:
+    redis, prefix = shared
+    every_tick = SETTINGS.model_copy(update={"snapshot_interval_s": 1e-9})
+    a = Node(redis, prefix, "a", every_tick)
+    await a.publisher.start()
+    chain = blocks(4)
+    f = follower(redis, prefix)
+    await a.publish(chain[0])
+    await sync(f)
+    await a.publish(chain[1])
+    await a.publish(chain[2], chain[3])
+    # the entry holding chain[1] is lost (a trimmed stream)
+    key = ClusterKeys(prefix).stream("a")
+    entries = await redis.xrange(key)
+    await redis.xdel(key, entries[-2][0])
+    resyncs = f.num_resyncs
+    await f.read_streams(block_ms=1)
+    assert f.num_resyncs == resyncs + 1
+    assert held(f, "a", chain) == 4
+
+
+async def test_a_restart_clears_the_nodes_entries(shared: tuple[Redis, str]) -> None:
+    redis, prefix = shared
+    a = Node(redis, prefix, "a", SETTINGS)
+    await a.publisher.start()
+    chain = blocks(3)
+    await a.publish(*chain)
+    f = follower(redis, prefix)
+    await sync(f)
+    assert held(f, "a", chain) == 3
+    restarted = Node(redis, prefix, "a", SETTINGS)
+    await restarted.publisher.start()  # a new epoch opening with AllBlocksCleared
+    resyncs = f.num_resyncs
+    await f.read_streams(block_ms=1)
+    await f.poll()
+    assert held(f, "a", chain) == 0
+    assert f.num_resyncs == resyncs  # applied from the stream, no resync needed
+    await restarted.publish(*chain[:1])
+    await sync(f)
+    assert held(f, "a", chain) == 1
+
+
+async def test_a_node_whose_liveness_expires_loses_its_entries(shared: tuple[Redis, str]) -> None:
+    redis, prefix = shared
+    a, b = Node(redis, prefix, "a", SETTINGS), Node(redis, prefix, "b", SETTINGS)
+    await a.publisher.start()
+    await b.publisher.start()
+    chain = blocks(2)
+    await a.publish(*chain)
+    await b.publish(*chain)
+    f = follower(redis, prefix)
+    await sync(f)
+    assert set(f.index.holders(chain[0].block_hash)) == {"a", "b"}
+    # a stops heartbeating (killed): its key expires after the TTL
+    deadline = time.monotonic() + 10
+    while "a" in f.live(time.monotonic()):
+        assert time.monotonic() < deadline, "a's liveness never expired"
+        await b.publisher.tick()
+        await asyncio.sleep(0.05)
+        await f.poll()
+    assert set(f.index.holders(chain[0].block_hash)) == {"b"}
+    await b.publisher.close()  # a clean leave is seen at the next poll
+    await f.poll()
+    assert not f.index.holders(chain[0].block_hash)
+    assert f.live(time.monotonic()) == {}
+
+
+async def test_lost_redis_data_is_republished_and_resynced(tmp_path: Path) -> None:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    redis = Redis.from_url(server.url())
+    try:
+        a = Node(redis, "p:", "a", SETTINGS)
+        await a.publisher.start()
+        chain = blocks(3)
+        await a.publish(*chain[:2])
+        f = follower(redis, "p:")
+        await sync(f)
+        assert held(f, "a", chain) == 2
+        server.stop()  # Redis goes away ...
+        with pytest.raises((RedisError, OSError)):
+            await a.publish(chain[2])
+        with pytest.raises((RedisError, OSError)):
+            await sync(f)
+        shutil.rmtree(tmp_path / "appendonlydir", ignore_errors=True)
+        server.start()  # ... and comes back empty
+        await a.publisher._heartbeat()  # notices its snapshot is gone
+        await a.publish()  # a new epoch, with a full snapshot
+        await sync(f)
+        assert held(f, "a", chain) == 3
+        await a.publish(BlockEvicted(chain[2].block_hash))
+        await sync(f)
+        assert held(f, "a", chain) == 2
+    finally:
+        await redis.aclose()
+        server.stop()
