@@ -28,6 +28,7 @@ def upstream_config(name: str, settings: ProviderSettings) -> UpstreamConfig:
         name=name,
         base_url=settings.base_url,
         api_key=settings.api_key(),
+        accounts=settings.accounts(),
         thinking_style=settings.thinking_style,
         send_reasoning_history=settings.send_reasoning_history,
         connect_timeout_s=settings.connect_timeout_s,

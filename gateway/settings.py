@@ -103,6 +103,9 @@ class ProviderSettings(BaseModel):
     kind: Literal["openai", "anthropic", "local"] = "openai"
     base_url: str = ""
     api_key_env: str | None = None
+    # Further accounts of the same upstream (environment variables holding their keys): a
+    # conversation keeps to one account, by a hash of its first messages.
+    api_key_envs: tuple[str, ...] = ()
     enabled: bool = True
     thinking_style: ThinkingStyle = "deepseek"
     # Whether earlier assistant reasoning is sent back upstream in the history.
@@ -127,6 +130,11 @@ class ProviderSettings(BaseModel):
     def api_key(self) -> str | None:
         """The upstream key, read from the environment when asked (never stored here)."""
         return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def accounts(self) -> tuple[tuple[str, str], ...]:
+        """(environment variable, key) of every account whose key is set, the main one first."""
+        names = ((self.api_key_env,) if self.api_key_env else ()) + self.api_key_envs
+        return tuple((n, os.environ[n]) for n in names if os.environ.get(n))
 
 
 class RouteSettings(BaseModel):

