@@ -125,3 +125,32 @@ def test_engine_knobs_validate_into_the_engine_config(monkeypatch: pytest.Monkey
 def test_engine_knobs_fail_at_load(engine: dict[str, object], needle: str) -> None:
     with pytest.raises(ValidationError, match=needle):
         load_settings(engine=engine)
+
+
+def test_cluster_needs_its_secret_from_the_environment(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_CLUSTER__ENABLED", "true")
+    with pytest.raises(ValidationError, match="GATEWAY_CLUSTER__SECRET"):
+        load_settings(config)
+    monkeypatch.setenv("GATEWAY_CLUSTER__SECRET", "short")
+    with pytest.raises(ValidationError, match="16"):
+        load_settings(config)
+    monkeypatch.setenv("GATEWAY_CLUSTER__SECRET", "s" * 24)
+    monkeypatch.setenv("GATEWAY_CLUSTER__NODE_ID", "a")
+    cluster = load_settings(config).cluster
+    assert cluster.enabled and cluster.node_id == "a"
+    assert "s" * 24 not in repr(cluster)
+    monkeypatch.setenv("GATEWAY_CLUSTER__LIVENESS_TTL_S", "0.1")
+    with pytest.raises(ValidationError, match="liveness_ttl_s"):
+        load_settings(config)
+
+
+def test_further_upstream_accounts_come_from_the_environment(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_PROVIDERS__MOCK__API_KEY_ENVS", '["MOCK_KEY_2", "MOCK_KEY_3"]')
+    monkeypatch.setenv("MOCK_API_KEY", "sk-1")
+    monkeypatch.setenv("MOCK_KEY_3", "sk-3")
+    provider = load_settings(config).providers["mock"]
+    assert provider.accounts() == (("MOCK_API_KEY", "sk-1"), ("MOCK_KEY_3", "sk-3"))
