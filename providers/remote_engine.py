@@ -135,6 +135,9 @@ class RemoteEngine:
                         return
             except (aiohttp.ClientError, OSError) as exc:
                 raise EngineError(f"peer engine connection lost: {exc}") from None
+            finally:
+                if not finished:
+                    resp.close()  # the connection goes: the peer aborts the request
             if not finished:
                 raise EngineError("peer engine closed the stream early")
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 
 import aiohttp
 
+from backend.engine.async_engine import EngineOverloaded
 from backend.engine.block_hash import extend_chain
 from backend.engine.llm_engine import RequestOutput
 from backend.engine.request import FinishReason
@@ -103,7 +104,7 @@ class ClusterPlacer:
 
         def unreachable() -> None:
             self._suspect(placement.node_id)
-            trace.placement = f"{placement}; peer unreachable, served by node={self._node}"
+            trace.placement = f"{placement}; peer unavailable, served by node={self._node}"
 
         return _Forwarded(
             RemoteEngine(*self._session_for(record.url), self._secret), self._local, unreachable
@@ -136,7 +137,8 @@ class ClusterPlacer:
 
 
 class _Forwarded:
-    """The peer's engine, falling back to the local one when the peer is unreachable."""
+    """The peer's engine, falling back to the local one when the peer is unreachable or its
+    queue is full (nothing was generated there)."""
 
     def __init__(
         self, remote: RemoteEngine, local: EngineClient, on_unreachable: Callable[[], None]
@@ -153,7 +155,7 @@ class _Forwarded:
         try:
             try:
                 first = await anext(outputs)
-            except PeerUnreachable:
+            except (PeerUnreachable, EngineOverloaded):
                 self._on_unreachable()
                 self._served_by = self._local
                 fallback = self._local.generate(request_id, prompt_ids, params)

@@ -81,7 +81,7 @@ class BlockPublisher:
         raw = await self._redis.hget(self._keys.snapshot(self._node), "epoch")
         self._epoch = max(int(time.time() * 1000), int(raw or 0) + 1)
         self._seq = 0
-        await self._flush([AllBlocksCleared(), *self._buffer.drain()], snapshot=True)
+        await self._flush([AllBlocksCleared(), *self._buffer.drain()], snapshot=True, fresh=True)
         await self._heartbeat()
 
     async def run(self) -> None:
@@ -119,11 +119,17 @@ class BlockPublisher:
         except (RedisError, OSError) as exc:
             log.warning("cluster_leave_failed", error=str(exc))
 
-    async def _flush(self, events: list[IndexEvent], *, snapshot: bool) -> None:
+    async def _flush(
+        self, events: list[IndexEvent], *, snapshot: bool, fresh: bool = False
+    ) -> None:
+        """One stream entry (and the snapshot when asked) in one MULTI; `fresh` drops the
+        stream first (a start: older epochs mean nothing now)."""
         first = self._seq + 1
         self._apply(events)
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
+                if fresh:
+                    pipe.delete(self._keys.stream(self._node))
                 if events:
                     pipe.xadd(
                         self._keys.stream(self._node),

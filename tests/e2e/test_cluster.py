@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 
 from backend.engine.block_hash import chain_hashes, root_hash
 from backend.engine.blocks import BlockStored
+from backend.engine.sampling_params import SamplingParams
 from backend.model.fingerprint import checkpoint_fingerprint
 from backend.text.tokenizer import Tokenizer
 from gateway.cluster.keys import ClusterKeys, NodeRecord
@@ -28,10 +29,11 @@ from gateway.cluster.publisher import BlockEventBuffer, BlockPublisher
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
 from gateway.settings import ClusterSettings
-from providers.remote_engine import GENERATE_PATH, SECRET_HEADER
+from providers.remote_engine import GENERATE_PATH, SECRET_HEADER, PeerUnreachable, RemoteEngine
 from tests.e2e.cluster_nodes import (
     SECRET,
     NodeProcess,
+    free_port,
     node_sections,
     start_node,
     wait_cluster,
@@ -183,6 +185,21 @@ async def test_the_internal_endpoint_takes_only_the_node_secret(pair: Cluster) -
         assert resp.status == 200
         lines = [line async for line in resp.content if line.strip()]
         assert b'"finished":true' in lines[-1]
+
+
+async def test_the_remote_engine_client_is_an_engine(pair: Cluster) -> None:
+    """What a same-host worker or a peer uses: AsyncEngine's contract over the endpoint."""
+    remote = RemoteEngine(pair.session, pair.nodes["a"].root, SECRET)
+    params = SamplingParams(temperature=0.0, max_tokens=3)
+    outputs = [o async for o in remote.generate("r1", list(range(2, 40)), params)]
+    assert outputs[-1].finished and outputs[-1].finish_reason == "length"
+    assert sum(len(o.new_token_ids) for o in outputs) == 3
+    assert outputs[-1].num_prompt_tokens == 38
+    with pytest.raises(ValueError):
+        _ = [o async for o in remote.generate("r2", [], params)]
+    gone = RemoteEngine(pair.session, f"http://127.0.0.1:{free_port()}", SECRET)
+    with pytest.raises(PeerUnreachable):
+        _ = [o async for o in gone.generate("r3", [2, 3], params)]
 
 
 async def test_a_stale_entry_costs_only_a_recompute(pair: Cluster, tiny_checkpoint: Path) -> None:
