@@ -158,7 +158,11 @@ async def main(args: argparse.Namespace) -> int:
     modes = (("single", 1, "local"), ("random", 3, "local"), ("aware", 3, "prefix"))
     for mode, count, routing in modes:
         cache_mb = args.cache_mb * (3 if count == 1 else 1)
-        engine = {"block_size": 64, "cache_memory_mb": cache_mb, "max_batch_tokens": 2048}
+        engine = {
+            "block_size": 64,
+            "cache_memory_mb": cache_mb,
+            "max_batch_tokens": args.max_batch_tokens,
+        }
         prefix = f"bench:{uuid.uuid4().hex}:"
         with tempfile.TemporaryDirectory(prefix=f"cluster-{mode}-") as tmp:
             sections = node_sections(
@@ -198,8 +202,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--system-words", type=int, default=900)
     parser.add_argument("--user-words", type=int, default=60)
     parser.add_argument("--concurrency", type=int, default=4)
-    # per node: about 30K tokens of the small model's cache, 3/5 of the 32 conversations' 50K
-    parser.add_argument("--cache-mb", type=int, default=96)
+    # per node: about 24K tokens of the small model's latent cache (MTP layer included), room
+    # for a third of the 32 conversations (about 48K tokens by their last turn) and some slack
+    parser.add_argument("--cache-mb", type=int, default=72)
+    parser.add_argument("--max-batch-tokens", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
 
