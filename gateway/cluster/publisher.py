@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import structlog
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from backend.engine.blocks import BlockEvent, BlockEvicted, BlockStored
@@ -160,10 +161,10 @@ class BlockPublisher:
             self._queue_snapshot(pipe)
             await pipe.execute()
 
-    def _queue_snapshot(self, pipe: object) -> None:
+    def _queue_snapshot(self, pipe: Pipeline) -> None:
         key = self._keys.snapshot(self._node)
         mapping = {"epoch": self._epoch, "seq": self._seq, "hashes": b"".join(self._mirror)}
-        pipe.hset(key, mapping=mapping)  # type: ignore[attr-defined]
+        pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
         self._snapshot_due = time.monotonic() + self._settings.snapshot_interval_s
 
     async def _heartbeat(self) -> None:
