@@ -47,6 +47,11 @@ async def run_server(settings: Settings) -> None:
     site = web.TCPSite(runner, settings.server.host, settings.server.port)
     await site.start()
     log.info("listening", host=settings.server.host, port=settings.server.port)
+    unix_path = settings.cluster.internal_socket if settings.cluster.enabled else None
+    if unix_path is not None:
+        unix_path.unlink(missing_ok=True)  # left by a process that was killed
+        await web.UnixSite(runner, str(unix_path)).start()
+        log.info("listening", unix_socket=str(unix_path))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

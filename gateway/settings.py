@@ -307,6 +307,9 @@ class ClusterSettings(BaseModel):
     # How peers reach this node's internal engine endpoint (http://host:port); default
     # http://<host name>:<server.port>.
     internal_url: str = ""
+    # Also serve on this unix socket: processes on the same host reach the engine there
+    # (their internal_url "unix:<path>"), without a copy of the model or a TCP hop.
+    internal_socket: Path | None = None
     # Shared by every node, environment only: GATEWAY_CLUSTER__SECRET.
     secret: SecretStr | None = None
     # "prefix": serve where the prompt's prefix is cached; "local": publish blocks, never forward.

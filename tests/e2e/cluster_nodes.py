@@ -130,6 +130,7 @@ def start_node(node_id: str, config: Path, workdir: Path, *, nice: int = 0) -> N
         "GATEWAY_CLUSTER__SECRET": SECRET,
         "GATEWAY_CLUSTER__NODE_ID": node_id,
         "GATEWAY_CLUSTER__INTERNAL_URL": f"http://127.0.0.1:{port}",
+        "GATEWAY_CLUSTER__INTERNAL_SOCKET": str(workdir / f"{node_id}.sock"),
         "GATEWAY_USE_PRESETS": "false",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",

@@ -29,7 +29,13 @@ from gateway.cluster.publisher import BlockEventBuffer, BlockPublisher
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
 from gateway.settings import ClusterSettings
-from providers.remote_engine import GENERATE_PATH, SECRET_HEADER, PeerUnreachable, RemoteEngine
+from providers.remote_engine import (
+    GENERATE_PATH,
+    SECRET_HEADER,
+    PeerUnreachable,
+    RemoteEngine,
+    split_base,
+)
 from tests.e2e.cluster_nodes import (
     SECRET,
     NodeProcess,
@@ -200,6 +206,14 @@ async def test_the_remote_engine_client_is_an_engine(pair: Cluster) -> None:
     gone = RemoteEngine(pair.session, f"http://127.0.0.1:{free_port()}", SECRET)
     with pytest.raises(PeerUnreachable):
         _ = [o async for o in gone.generate("r3", [2, 3], params)]
+    # a process on the same host reaches the engine over the node's unix socket
+    root, path = split_base(f"unix:{pair.nodes['a'].log_path.with_suffix('.sock')}")
+    assert path is not None
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path)) as local:
+        outputs = [
+            o async for o in RemoteEngine(local, root, SECRET).generate("r4", [2, 3], params)
+        ]
+    assert outputs[-1].finished and outputs[-1].num_prompt_tokens == 2
 
 
 async def test_a_stale_entry_costs_only_a_recompute(pair: Cluster, tiny_checkpoint: Path) -> None:
