@@ -69,8 +69,11 @@ class IndexFollower:
                     await self.poll()
                 await self.read_streams(block_ms=int(self._settings.heartbeat_s * 1000))
                 backoff = self._settings.heartbeat_s
-            except (RedisError, OSError) as exc:
-                log.warning("cluster_follow_failed", error=str(exc))
+            except (RedisError, OSError, MalformedBatch, ValueError) as exc:
+                if isinstance(exc, RedisError | OSError):
+                    log.warning("cluster_follow_failed", error=str(exc))
+                else:
+                    log.exception("cluster_follow_bad_data")
                 self._positions.clear()  # every node is resynced once Redis answers again
                 if time.monotonic() >= self._valid_until:
                     self._forget_all()

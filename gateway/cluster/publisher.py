@@ -86,13 +86,21 @@ class BlockPublisher:
         await self._heartbeat()
 
     async def run(self) -> None:
+        """Tick every `flush_s`; after a failure, wait a heartbeat before the next try."""
+        pause = self._settings.flush_s
         while True:
-            await asyncio.sleep(self._settings.flush_s)
+            await asyncio.sleep(pause)
+            pause = self._settings.flush_s
             try:
                 await self.tick()
             except (RedisError, OSError) as exc:
                 log.warning("cluster_publish_failed", error=str(exc))
                 self._broken = True
+                pause = self._settings.heartbeat_s
+            except Exception:
+                log.exception("cluster_publish_bug")
+                self._broken = True
+                pause = self._settings.heartbeat_s
 
     async def tick(self) -> None:
         now = time.monotonic()
