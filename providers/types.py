@@ -135,7 +135,7 @@ class ProviderLoad:
 @dataclass(slots=True)
 class RouteTrace:
     """What the serving provider decided, e.g. the cluster node that ran the prompt
-    (`placement`: "node=b; prefix=12/14; forwarded")."""
+    (`placement`: "node=b; prefix=12/14; via=forward"), for the route explanation."""
 
     placement: str | None = None
 

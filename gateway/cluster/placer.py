@@ -99,12 +99,12 @@ class ClusterPlacer:
             return self._local
         record = self._follower.live(time.monotonic()).get(placement.node_id)
         if record is None:  # gone between scoring and now
-            trace.placement = f"{placement}; peer gone, served by node={self._node}"
+            trace.placement = f"node={self._node}; via=fallback; tried={placement.node_id}"
             return self._local
 
         def unreachable() -> None:
             self._suspect(placement.node_id)
-            trace.placement = f"{placement}; peer unavailable, served by node={self._node}"
+            trace.placement = f"node={self._node}; via=fallback; tried={placement.node_id}"
 
         return _Forwarded(
             RemoteEngine(*self._session_for(record.url), self._secret), self._local, unreachable

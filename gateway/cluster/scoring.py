@@ -45,8 +45,9 @@ class Placement:
     cost: float
 
     def __str__(self) -> str:
-        where = "local" if self.local else "forwarded"
-        return f"node={self.node_id}; prefix={self.cached_blocks}/{self.prompt_blocks}; {where}"
+        """Fields of the route explanation (`x-gateway-route`)."""
+        via = "local" if self.local else "forward"
+        return f"node={self.node_id}; prefix={self.cached_blocks}/{self.prompt_blocks}; via={via}"
 
 
 def cacheable_blocks(num_prompt_tokens: int, block_size: int) -> int:

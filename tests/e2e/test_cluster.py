@@ -137,6 +137,12 @@ async def pair(
         yield c
 
 
+def placement(headers: Any) -> tuple[str, str]:
+    """(node, via) from the route explanation: where the local engine's prompt ran."""
+    fields = dict(f.split("=", 1) for f in headers["x-gateway-route"].split("; "))
+    return fields["node"], fields["via"]
+
+
 def cached_tokens(resp: Any) -> int:
     details = resp.usage.prompt_tokens_details
     return int(details.cached_tokens or 0) if details else 0
@@ -145,15 +151,13 @@ def cached_tokens(resp: Any) -> int:
 async def test_a_conversation_is_served_where_its_prefix_is(pair: Cluster) -> None:
     first = conversation("pair", 1)
     resp, headers = await pair.ask("a", first)
-    assert headers["x-gateway-placement"].startswith("node=a;")
-    assert headers["x-gateway-placement"].endswith("local")
+    assert placement(headers) == ("a", "local")
     prompt_blocks = (resp.usage.prompt_tokens - 1) // BLOCK
     await pair.holds("b", "a", prompt_blocks)
     # the next turn reaches b, which forwards it to a, where the history is cached
     second = next_turn(first, "Fog.", "And?")
     resp, headers = await pair.ask("b", second)
-    placement = headers["x-gateway-placement"]
-    assert placement.startswith("node=a;") and placement.endswith("forwarded"), placement
+    assert placement(headers) == ("a", "forward"), headers["x-gateway-route"]
     assert cached_tokens(resp) >= prompt_blocks * BLOCK - BLOCK
     assert resp.choices[0].finish_reason == "length"
     # streamed through as well, usage included
@@ -243,7 +247,7 @@ async def test_a_stale_entry_costs_only_a_recompute(pair: Cluster, tiny_checkpoi
     try:
         await pair.holds("a", "ghost", len(hashes) - 1)
         resp, headers = await pair.ask("a", messages)
-        assert headers["x-gateway-placement"].startswith("node=ghost;")
+        assert placement(headers) == ("ghost", "forward")
         assert cached_tokens(resp) == 0  # b had none of it: computed in full
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -251,7 +255,7 @@ async def test_a_stale_entry_costs_only_a_recompute(pair: Cluster, tiny_checkpoi
         await wait_for(pair.session, pair.nodes["a"], lambda s: "ghost" not in s["nodes"])
         # b now really holds the prompt: the next ask is a hit there, with the same answer
         again, headers = await pair.ask("a", messages)
-        assert headers["x-gateway-placement"].startswith("node=b;")
+        assert placement(headers) == ("b", "forward")
         assert cached_tokens(again) > 0
         assert again.choices[0].message.content == resp.choices[0].message.content
     finally:
@@ -285,14 +289,12 @@ async def test_a_killed_node_fails_only_its_requests_in_flight(
         # the conversation goes on elsewhere, before and after c's liveness expires
         resp, headers = await cluster.ask("a", later)
         assert resp.choices[0].finish_reason == "length"
-        assert (
-            "node=c;" not in headers["x-gateway-placement"]
-            or "served by" in (headers["x-gateway-placement"])
-        )
+        # c is not yet known dead here: chosen, found unreachable, served by a itself
+        assert placement(headers) in {("a", "local"), ("b", "forward"), ("a", "fallback")}
         await wait_for(cluster.session, cluster.nodes["b"], lambda s: "c" not in s["nodes"])
         resp, headers = await cluster.ask("b", later)
         assert resp.choices[0].finish_reason == "length"
-        assert not headers["x-gateway-placement"].startswith("node=c;")
+        assert placement(headers)[0] != "c"
 
 
 async def ask_when_redis_answers(cluster: Cluster, node: str, messages: Any) -> Any:
@@ -330,7 +332,7 @@ async def test_redis_restarted_indexes_are_rebuilt(tiny_checkpoint: Path, tmp_pa
                 {"role": "user", "content": "!"},
             ]
             resp, headers = await ask_when_redis_answers(cluster, "b", later)
-            assert headers["x-gateway-placement"].startswith("node=a;")
+            assert placement(headers) == ("a", "forward")
             assert cached_tokens(resp) >= blocks * BLOCK - BLOCK
             again, _ = await cluster.ask("a", later)
             assert again.choices[0].message.content == resp.choices[0].message.content

@@ -23,7 +23,7 @@ def test_the_node_holding_the_prefix_wins() -> None:
     choice = choose("a", 161, BS, {"a": 0, "b": 10}, {"a": IDLE, "b": IDLE}, W)
     assert (choice.node_id, choice.local, choice.cached_blocks) == ("b", False, 10)
     assert choice.cost == 161 - 160 + 10
-    assert str(choice) == "node=b; prefix=10/10; forwarded"
+    assert str(choice) == "node=b; prefix=10/10; via=forward"
 
 
 def test_ties_stay_local_and_forwarding_must_pay_for_itself() -> None:
