@@ -1,12 +1,14 @@
 """Write a DeepSeek-V3 architecture checkpoint with random weights, in DeepSeek's own layout.
 
-``python -m backend.demo_checkpoint OUT_DIR [--preset tiny|small] [--fp8] [--seed N]``
+``python -m backend.demo_checkpoint OUT_DIR [--preset tiny|small] [--fp8] [--seed N] [--train]``
 
 The directory holds config.json (DeepSeek's spelling: ``rope_scaling``, ``torch_dtype``),
 generation_config.json, two or more safetensors shards with ``model.safetensors.index.json``, the
 MTP layer as ``model.layers.{num_hidden_layers}``, the V3.1 tokenizer files, and with ``--fp8``
 e4m3 weights with 128x128 ``weight_scale_inv`` blocks and a ``quantization_config``. YaRN's ramp
 is active (small original context) and routing is group-limited (n_group > 1, topk_group smaller).
+With ``--train`` the random weights are the starting point of a short training run of the model
+and its MTP layer on the Python standard library's source (``backend.demo_train``).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from backend.demo_train import TrainOptions, train_weights
 from backend.model import fp8
 from backend.model.config import ModelConfig
 from backend.model.dtypes import dtype_name
 from backend.model.model import DeepseekV3ForCausalLM
+from backend.text.tokenizer import Tokenizer
 from backend.text.tokenizer_assets import write_tokenizer_files
 
 VOCAB_SIZE = 129280
@@ -208,8 +212,10 @@ def write_demo_checkpoint(
     overrides: dict[str, Any] | None = None,
     num_shards: int = 2,
     tokenizer: bool = True,
+    train: TrainOptions | None = None,
 ) -> Path:
-    """Write the checkpoint directory and return its path. Same seed -> same source weights."""
+    """Write the checkpoint directory and return its path. Same seed -> same source weights;
+    `train` trains them first (it needs the tokenizer files)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     raw = demo_config(preset, overrides)
@@ -217,12 +223,15 @@ def write_demo_checkpoint(
     if use_fp8:
         raw["quantization_config"] = FP8_QUANTIZATION
     config = ModelConfig.from_dict(raw)
-    tensors = _to_storage(random_weights(config, seed), dtype, use_fp8)
+    if tokenizer or train is not None:
+        write_tokenizer_files(out)
+    weights = random_weights(config, seed)
+    if train is not None:
+        weights = train_weights(config, weights, Tokenizer.from_dir(out), train)
+    tensors = _to_storage(weights, dtype, use_fp8)
     _write_shards(out, tensors, max(num_shards, 2))
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
-    if tokenizer:
-        write_tokenizer_files(out)
     return out
 
 
@@ -232,9 +241,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
     parser.add_argument("--fp8", action="store_true", help="store linear weights as FP8 e4m3")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--train", action="store_true", help="train on the Python stdlib's source (minutes)"
+    )
+    parser.add_argument("--train-steps", type=int, default=TrainOptions.steps)
+    parser.add_argument("--train-batch", type=int, default=TrainOptions.batch_size)
+    parser.add_argument("--train-seq-len", type=int, default=TrainOptions.seq_len)
     args = parser.parse_args(argv)
-    path = write_demo_checkpoint(args.out_dir, args.preset, use_fp8=args.fp8, seed=args.seed)
-    print(f"wrote {args.preset} checkpoint to {path}")
+    train = (
+        TrainOptions(
+            steps=args.train_steps,
+            batch_size=args.train_batch,
+            seq_len=args.train_seq_len,
+            seed=args.seed,
+        )
+        if args.train
+        else None
+    )
+    path = write_demo_checkpoint(
+        args.out_dir, args.preset, use_fp8=args.fp8, seed=args.seed, train=train
+    )
+    print(f"wrote {'trained ' if train else ''}{args.preset} checkpoint to {path}")
 
 
 if __name__ == "__main__":

@@ -143,6 +143,15 @@ def offline(args: argparse.Namespace, checkpoint: Path, engine: LLMEngine) -> di
         f"(a) engine: {NUM_REQUESTS} requests, {generated} output tokens in {engine_s:.2f} s "
         f"= {generated / engine_s:.1f} tok/s"
     )
+    stats = engine.stats()
+    print(
+        f"    MTP speculation: {stats.spec_num_tokens} draft token(s) per step, "
+        f"{stats.spec_draft_steps_total} of {stats.num_steps_total} steps drafted, "
+        f"{stats.spec_accepted_tokens_total}/{stats.spec_verified_tokens_total} drafts accepted "
+        f"({stats.spec_acceptance_rate:.1%}), {stats.spec_mean_accepted_length:.2f} tokens per "
+        f"verification, {stats.spec_draft_seconds_total:.2f} s drafting "
+        "(random weights: expect almost no acceptance; see benchmarks/mtp.py)"
+    )
 
     from transformers import DeepseekV3ForCausalLM as HFDeepseekV3
     from transformers.utils import logging as hf_logging

@@ -1,8 +1,9 @@
 """Prometheus view of a local engine: read from its latest stats snapshot at scrape time.
 
 A custom collector (no gauges set from the engine thread): each scrape calls the provider's
-`engine_stats()` once and reports queue, running, batch size, KV blocks and prefix-cache hits,
-labelled with the provider's name.
+`engine_stats()` once and reports queue, running, batch size, KV blocks, prefix-cache hits and
+MTP speculation (drafts proposed, verified, accepted, acceptance, draft time), labelled with
+the provider's name.
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ class EngineCollector(Collector):
                 if stats.prefix_cache_query_tokens_total
                 else 0.0,
             ),
+            "engine_spec_num_tokens": (
+                "MTP draft tokens per speculative step (0: speculation off)",
+                stats.spec_num_tokens,
+            ),
+            "engine_spec_acceptance_rate": (
+                "MTP drafts accepted / drafts verified",
+                stats.spec_acceptance_rate,
+            ),
+            "engine_spec_mean_accepted_length": (
+                "Tokens emitted per verification (accepted drafts + 1)",
+                stats.spec_mean_accepted_length,
+            ),
         }
         for name, (doc, value) in gauges.items():
             gauge = GaugeMetricFamily(name, doc, labels=["provider"])
@@ -51,6 +64,30 @@ class EngineCollector(Collector):
             "engine_prefix_cache_hit_tokens": (
                 "Prompt tokens served from the prefix cache",
                 stats.prefix_cache_hit_tokens_total,
+            ),
+            "engine_spec_draft_steps": (
+                "Steps that ran the MTP drafter",
+                stats.spec_draft_steps_total,
+            ),
+            "engine_spec_proposed_tokens": (
+                "Draft tokens proposed by the MTP layer",
+                stats.spec_proposed_tokens_total,
+            ),
+            "engine_spec_verified_tokens": (
+                "Draft tokens verified by the target model",
+                stats.spec_verified_tokens_total,
+            ),
+            "engine_spec_accepted_tokens": (
+                "Draft tokens accepted",
+                stats.spec_accepted_tokens_total,
+            ),
+            "engine_spec_verifications": (
+                "Sequence steps that verified drafts",
+                stats.spec_verifications_total,
+            ),
+            "engine_spec_draft_seconds": (
+                "Seconds spent drafting with the MTP layer",
+                stats.spec_draft_seconds_total,
             ),
         }
         for name, (doc, value) in counters.items():

@@ -143,6 +143,19 @@ class BlockManager:
             raise RuntimeError(f"not enough free blocks for {seq.request_id}")
         seq.block_table.extend(self._take_free() for _ in range(num_missing))
 
+    def release_tail(self, seq: Request) -> None:
+        """Free seq's blocks past those its tokens need (slots of drafts that were rejected or
+        not used); they were never registered, since they hold no computed token."""
+        keep = self.num_blocks_for(seq.num_tokens)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            self._ref_counts[block_id] -= 1
+            if self._ref_counts[block_id] == 0:
+                if self._hashes[block_id] is None:
+                    self._empty.append(block_id)
+                else:
+                    self._cached_free[block_id] = None
+
     def cache_full_blocks(self, seq: Request) -> None:
         """Register seq's full blocks whose tokens are all computed; call after each step.
 

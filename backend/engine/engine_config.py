@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # torch-free at import: the gateway validates these settings 
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
+MAX_SPEC_TOKENS = 3
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -34,6 +36,11 @@ class EngineConfig:
     the pool allow (None: no cap); `fp8_weights` keeps an FP8 checkpoint's linears in FP8
     ("resident") or dequantizes them to `dtype` at load ("dequantize"). These defaults are the
     only ones: the gateway's `[engine]` settings validate into this class.
+
+    Speculative decoding with the checkpoint's MTP layer (used only when it has one):
+    `spec_enabled` turns it on, `spec_num_tokens` drafts per step (1 to 3: the layer feeds its
+    own output for more than one), `spec_max_batch_size` is the largest expected batch a step
+    still drafts for (above it drafting costs more than it saves; None: always).
     """
 
     max_num_seqs: int = 32
@@ -47,6 +54,9 @@ class EngineConfig:
     num_threads: int | None = None
     max_model_len: int | None = None
     fp8_weights: FP8Weights = "resident"
+    spec_enabled: bool = True
+    spec_num_tokens: int = 1
+    spec_max_batch_size: int | None = 1
 
     def __post_init__(self) -> None:
         positive = {
@@ -76,6 +86,17 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if not _DEVICE.fullmatch(self.device):
             raise ValueError(f"device must be auto, cpu, cuda[:N] or mps, got {self.device!r}")
+        if not 1 <= self.spec_num_tokens <= MAX_SPEC_TOKENS:
+            raise ValueError(f"spec_num_tokens must be in [1, {MAX_SPEC_TOKENS}]")
+        if self.spec_max_batch_size is not None and self.spec_max_batch_size < 1:
+            raise ValueError("spec_max_batch_size must be positive or None")
+        if self.spec_enabled and self.max_batch_tokens < self.max_num_seqs * (
+            1 + self.spec_num_tokens
+        ):
+            raise ValueError(
+                f"max_batch_tokens {self.max_batch_tokens} must cover a decode and its "
+                f"{self.spec_num_tokens} drafts for each of max_num_seqs {self.max_num_seqs}"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -107,10 +128,16 @@ def num_cache_blocks(config: EngineConfig, model_config: ModelConfig, *, mtp: bo
     return num_blocks
 
 
-def max_model_len(config: EngineConfig, model_config: ModelConfig, num_blocks: int) -> int:
-    """Longest prompt + output served: the model's positions, the whole pool, the configured
-    cap, and without chunked prefill one step's token budget (a prompt must fit one step)."""
-    limits = [model_config.max_position_embeddings, num_blocks * config.block_size]
+def max_model_len(
+    config: EngineConfig, model_config: ModelConfig, num_blocks: int, reserved_slots: int = 0
+) -> int:
+    """Longest prompt + output served: the model's positions, the whole pool less the
+    `reserved_slots` a drafting step may use past a sequence's tokens, the configured cap, and
+    without chunked prefill one step's token budget (a prompt must fit one step)."""
+    limits = [
+        model_config.max_position_embeddings,
+        num_blocks * config.block_size - reserved_slots,
+    ]
     if config.max_model_len is not None:
         limits.append(config.max_model_len)
     if not config.chunked_prefill:

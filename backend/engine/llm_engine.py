@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from backend.engine.blocks import BlockEvent, BlockManager
 from backend.engine.engine_config import EngineConfig, max_model_len, num_cache_blocks
 from backend.engine.request import FinishReason, Request
-from backend.engine.runner import ModelRunner
+from backend.engine.runner import ModelRunner, SpecStepStats
 from backend.engine.sampler import TokenLogprobs
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import Scheduler, SchedulerOutput
@@ -63,6 +63,45 @@ class EngineStats:
     last_batch_tokens: int
     last_batch_seqs: int
     last_step_seconds: float
+    # speculative decoding (MTP): drafts per step (0: off), steps that drafted, drafts proposed,
+    # drafts verified and accepted, sequence-steps that verified drafts, seconds drafting
+    spec_num_tokens: int = 0
+    spec_draft_steps_total: int = 0
+    spec_proposed_tokens_total: int = 0
+    spec_verified_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
+    spec_verifications_total: int = 0
+    spec_draft_seconds_total: float = 0.0
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted / verified drafts (0 before any)."""
+        verified = self.spec_verified_tokens_total
+        return self.spec_accepted_tokens_total / verified if verified else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens emitted per verification: accepted drafts plus the target's own (0 before any)."""
+        count = self.spec_verifications_total
+        return 1 + self.spec_accepted_tokens_total / count if count else 0.0
+
+
+@dataclass(slots=True)
+class _SpecTotals:
+    draft_steps: int = 0
+    proposed: int = 0
+    verified: int = 0
+    accepted: int = 0
+    verifications: int = 0
+    draft_seconds: float = 0.0
+
+    def add(self, step: SpecStepStats, *, drafted: bool) -> None:
+        self.draft_steps += drafted
+        self.proposed += step.num_proposed
+        self.verified += step.num_verified
+        self.accepted += step.num_accepted
+        self.verifications += step.num_verifications
+        self.draft_seconds += step.draft_seconds
 
 
 @dataclass(slots=True)
@@ -96,7 +135,12 @@ class LLMEngine:
         num_blocks = num_cache_blocks(config, model.config, mtp=model.num_mtp_layers > 0)
         self.runner = ModelRunner(model, config, num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, hash_seed, on_block_event)
-        self.max_model_len = max_model_len(config, model.config, num_blocks)
+        self.num_spec_tokens = (
+            config.spec_num_tokens if config.spec_enabled and self.runner.can_draft else 0
+        )
+        self.max_model_len = max_model_len(
+            config, model.config, num_blocks, Scheduler.num_lookahead_slots(self.num_spec_tokens)
+        )
         eos_ids = set(defaults.eos_token_ids)
         if model.config.eos_token_id is not None:
             eos_ids.add(model.config.eos_token_id)
@@ -107,6 +151,8 @@ class LLMEngine:
             config.chunked_prefill,
             max_model_len=self.max_model_len,
             eos_token_ids=eos_ids,
+            num_lookahead=self.num_spec_tokens,
+            spec_max_batch_size=config.spec_max_batch_size,
         )
         self._sampling_defaults = {"temperature": defaults.temperature, "top_p": defaults.top_p}
         self._requests: dict[str, _Tracked] = {}
@@ -120,6 +166,7 @@ class LLMEngine:
         self._last_batch_tokens = 0
         self._last_batch_seqs = 0
         self._last_step_seconds = 0.0
+        self._spec = _SpecTotals()
 
     @property
     def has_unfinished(self) -> bool:
@@ -180,7 +227,8 @@ class LLMEngine:
         self._note_first_schedule(scheduled)
         result = self.runner.execute(scheduled)
         lengths = [item.seq.num_tokens for item in scheduled.scheduled]
-        self.scheduler.postprocess(scheduled, result.sampled_tokens)
+        self.scheduler.postprocess(scheduled, result.sampled_tokens, result.draft_tokens)
+        self._spec.add(result.spec, drafted=scheduled.num_spec_tokens > 0)
         outputs = self._collect(scheduled, lengths, result.logprobs)
         self._num_steps += 1
         self._last_batch_tokens = scheduled.num_batched_tokens
@@ -206,6 +254,13 @@ class LLMEngine:
             last_batch_tokens=self._last_batch_tokens,
             last_batch_seqs=self._last_batch_seqs,
             last_step_seconds=self._last_step_seconds,
+            spec_num_tokens=self.num_spec_tokens,
+            spec_draft_steps_total=self._spec.draft_steps,
+            spec_proposed_tokens_total=self._spec.proposed,
+            spec_verified_tokens_total=self._spec.verified,
+            spec_accepted_tokens_total=self._spec.accepted,
+            spec_verifications_total=self._spec.verifications,
+            spec_draft_seconds_total=self._spec.draft_seconds,
         )
 
     def _note_first_schedule(self, scheduled: SchedulerOutput) -> None:

@@ -27,6 +27,8 @@ class Request:
     `arrival` orders requests: lower came first (the scheduler assigns it in `add`).
     `num_reasoning_tokens` counts output tokens while reasoning is open (only tracked when the
     params set a reasoning budget); `in_reasoning` turns False at the end-of-thinking token.
+    `draft_token_ids`: tokens the MTP layer proposed to follow `token_ids`, not yet verified
+    (never part of `token_ids`, never counted as computed).
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class Request:
         self.block_hashes: list[bytes] = []
         self.in_reasoning = params.max_reasoning_tokens is not None
         self.num_reasoning_tokens = 0
+        self.draft_token_ids: list[int] = []
 
     def __repr__(self) -> str:
         return (

@@ -10,15 +10,24 @@ file.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from backend.engine.drafter import Drafter, DraftTarget
 from backend.engine.engine_config import EngineConfig, cache_bytes_per_block
 from backend.engine.request import Request
-from backend.engine.sampler import Sampler, SampleRow, TokenLogprobs, make_generator
+from backend.engine.sampler import (
+    Sampler,
+    SampleRow,
+    TokenLogprobs,
+    apply_penalties,
+    make_generator,
+)
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
+from backend.engine.spec_decode import greedy_verify, rejection_sample
 from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.model import DeepseekV3ForCausalLM
 
@@ -26,22 +35,40 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
+class SpecStepStats:
+    """One step's speculation: drafts verified and accepted, sequences that verified drafts,
+    drafts proposed for the next step, and seconds spent in the MTP layer."""
+
+    num_verified: int = 0
+    num_accepted: int = 0
+    num_verifications: int = 0
+    num_proposed: int = 0
+    draft_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class RunnerOutput:
-    """Per scheduled sequence, in the scheduler's order: the sampled tokens (empty for a
-    prefill chunk that does not reach the sequence's last token) and their logprobs, one per
-    sampled token (None where the request did not ask for them or nothing was sampled)."""
+    """Per scheduled sequence, in the scheduler's order: the tokens it emits (empty for a
+    prefill chunk that does not reach the sequence's last token; else its accepted drafts and
+    one sampled token), their logprobs (None where the request did not ask for them or nothing
+    was sampled) and the drafts proposed for its next step (empty when none)."""
 
     sampled_tokens: list[list[int]]
     logprobs: list[list[TokenLogprobs] | None]
+    draft_tokens: list[list[int]] = field(default_factory=list)
+    spec: SpecStepStats = SpecStepStats()
 
 
 class ModelRunner:
     """Runs the model for the scheduler: one ``ForwardBatch`` and one forward per step.
 
-    Decodes and prefill chunks share the step. Logits are computed only for rows that sample:
-    the last new token of a sequence whose step reaches its last token. A seeded request draws
-    from its own generator, kept from its first sample until `release`, so its samples do not
-    depend on what else is batched with it (and survive preemption).
+    Decodes, their draft tokens and prefill chunks share the step. Logits are computed only for
+    rows that sample: the last new token of a sequence whose step reaches its last token, and
+    each draft after it. When the step drafts (``SchedulerOutput.num_spec_tokens``), the MTP
+    layer then runs over the step's positions and proposes the next drafts. A seeded request
+    draws from its own generator, kept from its first sample until `release`, so its samples do
+    not depend on what else is batched with it (and survive preemption); a sampled request's
+    draft distribution is kept until its drafts are verified.
     """
 
     def __init__(self, model: DeepseekV3ForCausalLM, config: EngineConfig, num_blocks: int) -> None:
@@ -64,7 +91,9 @@ class ModelRunner:
             device=self.device,
         )
         self.sampler = Sampler()
+        self.drafter = Drafter(model, self.cache, self.sampler) if mtp else None
         self._generators: dict[str, torch.Generator] = {}
+        self._draft_probs: dict[str, torch.Tensor] = {}
         pool = {
             "kv_blocks": self.num_blocks,
             "block_size": self.block_size,
@@ -82,43 +111,57 @@ class ModelRunner:
     def num_tokens_capacity(self) -> int:
         return self.num_blocks * self.block_size
 
+    @property
+    def can_draft(self) -> bool:
+        return self.drafter is not None
+
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
-        """Run one step; the model writes the new tokens' latents into their slots."""
+        """Run one step; the model writes the new tokens' (and drafts') latents into their
+        slots, and with drafting the MTP layer's too."""
         scheduled = output.scheduled
         if not scheduled:
             return RunnerOutput([], [])
-        if any(item.num_lookahead for item in scheduled):
-            raise ValueError("this runner does not verify draft tokens (num_lookahead > 0)")
+        if output.num_spec_tokens and self.drafter is None:
+            raise ValueError("this model has no MTP layer to draft with")
         batch = self.build_batch(scheduled)
-        sample_rows: list[int] = []  # row of the last new token of each sampling sequence
-        row = -1
+        # per sampling sequence: its rows, the last new token then each draft
+        first_rows: list[int] = []
+        row = 0
         for item in scheduled:
             row += item.num_new_tokens
             if item.samples:
-                sample_rows.append(row)
+                first_rows.append(row - 1)
+            row += item.num_lookahead
+        samplers = [item for item in scheduled if item.samples]
         sampled_tokens: list[list[int]] = [[] for _ in scheduled]
         logprobs: list[list[TokenLogprobs] | None] = [None] * len(scheduled)
         with torch.inference_mode():
             hidden = self.model(batch, self.cache)  # [T, D]
-            if not sample_rows:
-                return RunnerOutput(sampled_tokens, logprobs)
-            index = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-            logits = self.model.compute_logits(hidden.index_select(0, index))  # [N, vocab] fp32
-            samplers = [item for item in scheduled if item.samples]
-            result = self.sampler.sample(logits, [self._sample_row(item.seq) for item in samplers])
-        tokens = result.token_ids.tolist()
-        position = 0
-        for i, item in enumerate(scheduled):
-            if item.samples:
-                sampled_tokens[i] = [tokens[position]]
-                entry = result.logprobs[position]
-                logprobs[i] = None if entry is None else [entry]
-                position += 1
-        return RunnerOutput(sampled_tokens, logprobs)
+            if samplers:
+                emitted, emitted_logprobs, verify = self._sample(hidden, samplers, first_rows)
+                position = 0
+                for i, item in enumerate(scheduled):
+                    if item.samples:
+                        sampled_tokens[i] = emitted[position]
+                        logprobs[i] = emitted_logprobs[position]
+                        position += 1
+            else:
+                verify = SpecStepStats()
+            if not output.num_spec_tokens:
+                return RunnerOutput(sampled_tokens, logprobs, [[] for _ in scheduled], verify)
+            started = time.perf_counter()
+            drafts = self._draft(batch, hidden, scheduled, sampled_tokens, output.num_spec_tokens)
+            spec = replace(
+                verify,
+                num_proposed=sum(len(d) for d in drafts),
+                draft_seconds=time.perf_counter() - started,
+            )
+        return RunnerOutput(sampled_tokens, logprobs, drafts, spec)
 
     def release(self, request_id: str) -> None:
-        """Forget a finished or aborted request's generator."""
+        """Forget a finished or aborted request's generator and draft distribution."""
         self._generators.pop(request_id, None)
+        self._draft_probs.pop(request_id, None)
 
     def build_batch(self, scheduled: Sequence[ScheduledSeq]) -> ForwardBatch:
         """The step's flat batch: ids, positions and slots of every new token, once per step."""
@@ -130,11 +173,12 @@ class ModelRunner:
         block_tables: list[list[int]] = []
         for item in scheduled:
             seq, start = item.seq, item.start
-            end = start + item.num_new_tokens
-            input_ids.extend(seq.token_ids[start:end])
+            end = start + item.num_new_tokens + item.num_lookahead
+            input_ids.extend(seq.token_ids[start : start + item.num_new_tokens])
+            input_ids.extend(item.draft_token_ids)
             positions.extend(range(start, end))
             _extend_slots(slots, seq.block_table, start, end, self.block_size)
-            seq_lens_q.append(item.num_new_tokens)
+            seq_lens_q.append(end - start)
             context_lens.append(end)
             # read during this step only; the scheduler changes tables between steps
             block_tables.append(seq.block_table)
@@ -148,6 +192,129 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
         )
 
+    def _sample(
+        self, hidden: torch.Tensor, items: list[ScheduledSeq], first_rows: list[int]
+    ) -> tuple[list[list[int]], list[list[TokenLogprobs] | None], SpecStepStats]:
+        """Tokens and logprobs of each sampling item: a plain sample, or its drafts verified."""
+        rows: list[int] = []
+        sample_rows: list[SampleRow] = []
+        for item, first in zip(items, first_rows, strict=True):
+            base = self._sample_row(item.seq)
+            rows.extend(range(first, first + 1 + item.num_lookahead))
+            sample_rows.extend(_with_drafts(base, item.draft_token_ids))
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, index))  # [R, vocab] fp32
+        plain = [i for i, item in enumerate(items) if not item.num_lookahead]
+        starts = [0]
+        for item in items:
+            starts.append(starts[-1] + 1 + item.num_lookahead)
+        emitted: list[list[int]] = [[] for _ in items]
+        if plain:
+            at = torch.tensor([starts[i] for i in plain], dtype=torch.long, device=self.device)
+            result = self.sampler.sample(logits[at], [sample_rows[starts[i]] for i in plain])
+            for i, token in zip(plain, result.token_ids.tolist(), strict=True):
+                emitted[i] = [token]
+        checked = [i for i, item in enumerate(items) if item.num_lookahead]
+        for greedy in (True, False):
+            group = [i for i in checked if (items[i].seq.params.temperature == 0) == greedy]
+            if not group:
+                continue
+            at_rows = [r for i in group for r in range(starts[i], starts[i + 1])]
+            at = torch.tensor(at_rows, dtype=torch.long, device=self.device)
+            rows_of = [sample_rows[r] for r in at_rows]
+            if greedy:  # the target's own tokens: argmax after penalties
+                target = apply_penalties(logits[at], rows_of).argmax(dim=-1).tolist()
+            else:
+                target = self.sampler.probs(logits[at], rows_of)
+            offset = 0
+            for i in group:
+                count = 1 + items[i].num_lookahead
+                emitted[i] = self._verify(items[i], target[offset : offset + count])
+                offset += count
+        num_verified = sum(items[i].num_lookahead for i in checked)
+        num_accepted = sum(len(emitted[i]) - 1 for i in checked)
+        logprobs: list[list[TokenLogprobs] | None] = [None] * len(items)
+        wanted = [i for i, item in enumerate(items) if item.seq.params.logprobs]
+        if wanted:
+            at_rows = [starts[i] + j for i in wanted for j in range(len(emitted[i]))]
+            chosen = torch.tensor(
+                [t for i in wanted for t in emitted[i]], dtype=torch.long, device=self.device
+            )
+            at = torch.tensor(at_rows, dtype=torch.long, device=self.device)
+            entries = self.sampler.logprobs(logits[at], chosen, [sample_rows[r] for r in at_rows])
+            position = 0
+            for i in wanted:
+                count = len(emitted[i])
+                logprobs[i] = [e for e in entries[position : position + count] if e is not None]
+                position += count
+        stats = SpecStepStats(num_verified, num_accepted, len(checked))
+        return emitted, logprobs, stats
+
+    def _verify(self, item: ScheduledSeq, target: torch.Tensor | list[int]) -> list[int]:
+        """target: the target's tokens (greedy) or distributions [1 + k, V] at the last token
+        and each draft."""
+        drafts = item.draft_token_ids
+        seq = item.seq
+        if isinstance(target, list):
+            return greedy_verify(target, drafts)
+        q = self._draft_probs.get(seq.request_id)
+        if q is None or q.shape[0] < len(drafts):
+            raise RuntimeError(f"{seq.request_id}: no draft distribution for its drafts")
+        generator = self._generators.get(seq.request_id)
+        return rejection_sample(target, q[: len(drafts)], drafts, generator)
+
+    def _draft(
+        self,
+        batch: ForwardBatch,
+        hidden: torch.Tensor,
+        scheduled: Sequence[ScheduledSeq],
+        emitted: list[list[int]],
+        depth: int,
+    ) -> list[list[int]]:
+        """Fill the MTP layer's latents at every position of the step; propose up to `depth`
+        drafts per sequence that emitted tokens (fewer where its reserved slots end)."""
+        assert self.drafter is not None
+        next_ids: list[int] = []
+        targets: list[DraftTarget] = []
+        owners: list[int] = []
+        row = 0
+        for i, item in enumerate(scheduled):
+            seq, tokens = item.seq, emitted[i]
+            num_known = seq.num_tokens
+            count = item.num_new_tokens + item.num_lookahead
+            for position in range(item.start + 1, item.start + 1 + count):
+                if position < num_known:
+                    next_ids.append(seq.token_ids[position])
+                elif position - num_known < len(tokens):
+                    next_ids.append(tokens[position - num_known])
+                else:
+                    next_ids.append(0)  # after a rejected draft: rewritten when verified
+            if tokens and not seq.params.is_seeded_sample:
+                last = num_known + len(tokens) - 1  # position of the last emitted token
+                capacity = len(seq.block_table) * self.block_size
+                targets.append(
+                    DraftTarget(
+                        row=row + last - 1 - item.start,
+                        position=last,
+                        block_table=seq.block_table,
+                        sample_row=self._sample_row(seq),
+                        max_depth=min(depth, capacity - last + 1),
+                    )
+                )
+                owners.append(i)
+            row += count
+        drafts = self.drafter.draft(batch, hidden, next_ids, targets)
+        out: list[list[int]] = [[] for _ in scheduled]
+        for j, i in enumerate(owners):
+            out[i] = drafts.tokens[j]
+            probs = drafts.probs[j]
+            request_id = scheduled[i].seq.request_id
+            if probs is None:
+                self._draft_probs.pop(request_id, None)
+            else:
+                self._draft_probs[request_id] = probs
+        return out
+
     def _sample_row(self, seq: Request) -> SampleRow:
         params = seq.params
         generator = self._generators.get(seq.request_id)
@@ -158,6 +325,17 @@ class ModelRunner:
         if not params.has_penalties:  # the history is only read by penalties
             return SampleRow(params, (), (), generator)
         return SampleRow(params, seq.prompt_token_ids, seq.output_token_ids, generator)
+
+
+def _with_drafts(row: SampleRow, drafts: Sequence[int]) -> list[SampleRow]:
+    """The rows of a sequence's last token and each draft: draft j's row has seen drafts < j
+    (penalties read the history)."""
+    if not row.params.has_penalties:
+        return [row] * (1 + len(drafts))
+    output = list(row.output_token_ids)
+    return [
+        replace(row, output_token_ids=output + list(drafts[:j])) for j in range(len(drafts) + 1)
+    ]
 
 
 def _extend_slots(

@@ -247,6 +247,14 @@ class Sampler:
             token_ids[index] = draw(probs, [rows[i].generator for i in random])
         return SamplerOutput(token_ids, _logprobs(logits, token_ids, rows))
 
+    def logprobs(
+        self, logits: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[SampleRow]
+    ) -> list[TokenLogprobs | None]:
+        """logits: [N, V] fp32, token_ids: [N] -> raw-model logprobs of those tokens for the
+        rows that asked for them (None elsewhere)."""
+        _check(logits, rows)
+        return _logprobs(logits, token_ids, rows)
+
     def _random_logits(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
         """logits: [M, V] penalized -> [M, V] scaled by temperature and truncated."""
         device = logits.device

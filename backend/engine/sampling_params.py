@@ -86,6 +86,12 @@ class SamplingParams:
             or self.repetition_penalty != 1
         )
 
+    @property
+    def is_seeded_sample(self) -> bool:
+        """A sampled request with its own seed: its tokens must not depend on the batch, so it
+        never verifies drafts (which drafts it would get depends on the load)."""
+        return self.seed is not None and self.temperature != 0
+
     def with_defaults(self, generation_config: Mapping[str, Any]) -> SamplingParams:
         """Fill temperature / top_p the request left unset from generation_config.json
         (DeepSeek-V3.1 ships 0.6 / 0.95), else from the OpenAI defaults 1.0 / 1.0."""

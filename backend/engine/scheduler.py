@@ -1,13 +1,21 @@
 """Continuous batching: what runs each step under one token budget. No torch.
 
-Each step: decodes first (running sequences with one uncomputed token: 1 token each plus
-`num_lookahead` reserved draft slots), then prefill chunks of running, partially prefilled
-sequences and then of waiting ones, first come first served, until the token budget or
-`max_num_seqs` is reached. With `chunked_prefill` a prompt is split across steps, so a long
-prompt never stalls running decodes. When a decode cannot get a block, the newest running
-sequence is preempted: its blocks are freed and it goes back to the front of the waiting queue,
-where its prompt and output so far are recomputed (its computed full blocks stay in the prefix
-cache while they last).
+Each step: decodes first (running sequences with one uncomputed token: 1 token each plus the
+draft tokens the MTP layer proposed for it, with their slots reserved), then prefill chunks of
+running, partially prefilled sequences and then of waiting ones, first come first served, until
+the token budget or `max_num_seqs` is reached. With `chunked_prefill` a prompt is split across
+steps, so a long prompt never stalls running decodes. When a decode cannot get a block, the
+newest running sequence is preempted: its blocks are freed and it goes back to the front of the
+waiting queue, where its prompt and output so far are recomputed (its computed full blocks stay
+in the prefix cache while they last).
+
+Speculation: with `num_lookahead` k > 0 a step "drafts" unless the expected batch (running plus
+waiting sequences, at most `max_num_seqs`) exceeds `spec_max_batch_size`; then every pending
+draft is dropped and the step is plain. A drafting step verifies each decode's pending drafts
+(at most k, fewer near its length limits) and reserves k - 1 more slots for the next drafts
+of depth 2..k. After the step a sequence keeps only the blocks its tokens need: blocks that
+held nothing but rejected drafts go back to the pool, and `num_computed_tokens` never counts an
+unverified token, so the prefix cache never registers one.
 """
 
 from __future__ import annotations
@@ -22,29 +30,36 @@ from backend.engine.request import FinishReason, Request, RequestStatus
 
 @dataclass(frozen=True, slots=True)
 class ScheduledSeq:
-    """seq computes tokens [start, start + num_new_tokens) this step, with `num_lookahead`
-    more slots reserved after them for draft tokens. `samples`: this step ends at seq's last
-    token, so the runner samples a next token for it."""
+    """seq computes tokens [start, start + num_new_tokens) this step, followed by its
+    `num_lookahead` draft tokens `draft_token_ids` at the next positions (their slots are
+    reserved). `samples`: this step ends at seq's last token, so the runner samples a next
+    token for it (after verifying the drafts)."""
 
     seq: Request
     start: int
     num_new_tokens: int
     num_lookahead: int
     samples: bool
+    draft_token_ids: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, seq: Request, num_new_tokens: int, num_lookahead: int) -> ScheduledSeq:
+    def of(
+        cls, seq: Request, num_new_tokens: int, draft_token_ids: Sequence[int] = ()
+    ) -> ScheduledSeq:
         start = seq.num_computed_tokens
         samples = start + num_new_tokens == seq.num_tokens
-        return cls(seq, start, num_new_tokens, num_lookahead, samples)
+        drafts = tuple(draft_token_ids)
+        return cls(seq, start, num_new_tokens, len(drafts), samples, drafts)
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerOutput:
-    """One step's work, decodes first. `preempted` lost their blocks in this step."""
+    """One step's work, decodes first. `preempted` lost their blocks in this step.
+    `num_spec_tokens`: drafts to propose per sequence after the step (0: the step drafts none)."""
 
     scheduled: list[ScheduledSeq]
     preempted: list[Request]
+    num_spec_tokens: int = 0
 
     @property
     def num_batched_tokens(self) -> int:
@@ -61,7 +76,9 @@ class Scheduler:
     `max_model_len` bounds prompt + output (a sequence reaching it finishes with "length"); the
     pool must hold one such sequence plus its lookahead, so a lone sequence always progresses.
     Without chunked prefill a whole (re)computed sequence must fit one step's budget.
-    `eos_token_ids` stop a sequence unless its params say `ignore_eos`.
+    `eos_token_ids` stop a sequence unless its params say `ignore_eos`. `num_lookahead`: draft
+    tokens per step (0: no speculation); `spec_max_batch_size`: the largest expected batch that
+    still drafts (None: any).
     """
 
     def __init__(
@@ -74,13 +91,14 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: Iterable[int],
         num_lookahead: int = 0,
+        spec_max_batch_size: int | None = None,
     ) -> None:
         if max_num_seqs < 1 or num_lookahead < 0 or max_model_len < 2:
             raise ValueError("need max_num_seqs >= 1, num_lookahead >= 0, max_model_len >= 2")
         if max_batch_tokens < max_num_seqs * (1 + num_lookahead):
             raise ValueError("max_batch_tokens must cover one decode step of max_num_seqs")
         capacity = block_manager.num_blocks * block_manager.block_size
-        if max_model_len + num_lookahead > capacity:
+        if max_model_len + self.num_lookahead_slots(num_lookahead) > capacity:
             raise ValueError(f"max_model_len {max_model_len} exceeds the pool ({capacity} tokens)")
         if not chunked_prefill and max_model_len > max_batch_tokens:
             raise ValueError("without chunked prefill, max_model_len must fit max_batch_tokens")
@@ -91,10 +109,17 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.num_lookahead = num_lookahead
+        self.spec_max_batch_size = spec_max_batch_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._live: dict[str, Request] = {}
         self._next_arrival = 0
+
+    @staticmethod
+    def num_lookahead_slots(num_lookahead: int) -> int:
+        """Slots past a sequence's tokens a drafting step may use: its drafts, then the
+        positions of the next drafts of depth 2 and more."""
+        return max(0, 2 * num_lookahead - 1)
 
     @property
     def has_unfinished(self) -> bool:
@@ -135,11 +160,17 @@ class Scheduler:
         scheduled: list[ScheduledSeq] = []
         preempted: list[Request] = []
         picked: set[str] = set()
+        depth = self.num_lookahead if self._drafts_this_step() else 0
+        if not depth:
+            for seq in self.running:
+                seq.draft_token_ids = []
 
         for seq in sorted(self.running, key=lambda s: s.arrival):
             if seq.num_uncomputed_tokens != 1 or seq.status is not RequestStatus.RUNNING:
                 continue
-            while not self.block_manager.can_append(seq, self.num_lookahead):
+            drafts = self._drafts_to_verify(seq, depth)
+            slots = len(drafts) + max(0, depth - 1)
+            while not self.block_manager.can_append(seq, slots):
                 victim = max(
                     (s for s in self.running if s.request_id not in picked),
                     key=lambda s: s.arrival,
@@ -150,10 +181,10 @@ class Scheduler:
                     break
             if seq.status is not RequestStatus.RUNNING:
                 continue
-            self.block_manager.append_slot(seq, self.num_lookahead)
-            scheduled.append(ScheduledSeq.of(seq, 1, self.num_lookahead))
+            self.block_manager.append_slot(seq, slots)
+            scheduled.append(ScheduledSeq.of(seq, 1, drafts))
             picked.add(seq.request_id)
-            budget -= 1 + self.num_lookahead
+            budget -= 1 + len(drafts)
 
         for seq in sorted(self.running, key=lambda s: s.arrival):
             if budget == 0:
@@ -162,7 +193,7 @@ class Scheduler:
                 continue
             num_new = self._chunk(seq, budget)
             if num_new:
-                scheduled.append(ScheduledSeq.of(seq, num_new, 0))
+                scheduled.append(self._prefill(seq, num_new, depth))
                 picked.add(seq.request_id)
                 budget -= num_new
 
@@ -182,26 +213,32 @@ class Scheduler:
             seq.status = RequestStatus.RUNNING
             self.running.append(seq)
             num_new = self._chunk(seq, budget)
-            scheduled.append(ScheduledSeq.of(seq, num_new, 0))
+            scheduled.append(self._prefill(seq, num_new, depth))
             picked.add(seq.request_id)
             budget -= num_new
 
-        return SchedulerOutput(scheduled, preempted)
+        return SchedulerOutput(scheduled, preempted, depth)
 
     def postprocess(
-        self, output: SchedulerOutput, sampled_tokens: Sequence[Sequence[int]]
+        self,
+        output: SchedulerOutput,
+        sampled_tokens: Sequence[Sequence[int]],
+        draft_tokens: Sequence[Sequence[int]] | None = None,
     ) -> list[Request]:
         """Apply one step's results; returns the sequences that finished in it.
 
         `sampled_tokens[i]` belongs to `output.scheduled[i]`: empty for a prefill chunk that
         does not reach the last token, else the accepted draft tokens followed by one sampled
         token (just the sampled token without speculation). Stop tokens are kept in the output.
-        Sequences finished or aborted since `schedule` are skipped.
+        `draft_tokens[i]` (at most `output.num_spec_tokens`) are the drafts proposed to follow
+        them. Sequences finished or aborted since `schedule` are skipped.
         """
         if len(sampled_tokens) != len(output.scheduled):
             raise ValueError("one list of sampled tokens per scheduled sequence")
+        if draft_tokens is not None and len(draft_tokens) != len(output.scheduled):
+            raise ValueError("one list of draft tokens per scheduled sequence")
         finished: list[Request] = []
-        for item, tokens in zip(output.scheduled, sampled_tokens, strict=True):
+        for i, (item, tokens) in enumerate(zip(output.scheduled, sampled_tokens, strict=True)):
             seq = item.seq
             if seq.status is not RequestStatus.RUNNING:
                 continue
@@ -224,7 +261,39 @@ class Scheduler:
                 self.running.remove(seq)
                 self._finish(seq, reason)
                 finished.append(seq)
+                continue
+            drafts = list(draft_tokens[i]) if draft_tokens is not None else []
+            if len(drafts) > output.num_spec_tokens:
+                raise ValueError(f"{seq.request_id}: more drafts than the step proposes")
+            seq.draft_token_ids = drafts
+            self.block_manager.release_tail(seq)
         return finished
+
+    def _drafts_this_step(self) -> bool:
+        if not self.num_lookahead:
+            return False
+        if self.spec_max_batch_size is None:
+            return True
+        expected = min(self.max_num_seqs, len(self.running) + len(self.waiting))
+        return expected <= self.spec_max_batch_size
+
+    def _drafts_to_verify(self, seq: Request, depth: int) -> list[int]:
+        """seq's pending drafts that may still be emitted under its length limits."""
+        if seq.params.is_seeded_sample:
+            return []
+        room = self.max_model_len - seq.num_tokens - 1
+        max_tokens = seq.params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - seq.num_output_tokens - 1)
+        return seq.draft_token_ids[: max(0, min(depth, room))]
+
+    def _prefill(self, seq: Request, num_new: int, depth: int) -> ScheduledSeq:
+        """A prefill chunk; one that reaches the last token gets slots for deeper drafts
+        when the pool has them (the runner drafts less deep where it has not)."""
+        item = ScheduledSeq.of(seq, num_new)
+        if item.samples and depth > 1 and self.block_manager.can_append(seq, depth - 1):
+            self.block_manager.append_slot(seq, depth - 1)
+        return item
 
     def _chunk(self, seq: Request, budget: int) -> int:
         """Tokens of seq to compute this step: all it lacks, or with chunked prefill as many as
@@ -264,12 +333,14 @@ class Scheduler:
     def _preempt(self, seq: Request) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
+        seq.draft_token_ids = []
         seq.status = RequestStatus.WAITING
         self.waiting.appendleft(seq)
 
     def _finish(self, seq: Request, reason: FinishReason) -> None:
         if seq.block_table:
             self.block_manager.free(seq)
+        seq.draft_token_ids = []
         seq.status = RequestStatus.FINISHED
         seq.finish_reason = reason
         del self._live[seq.request_id]

@@ -106,6 +106,37 @@ def attention_absorbed(
     return torch.einsum("shr,hvr->shv", out_latent, w_uv.float()).to(out_dtype)
 
 
+def attention_absorbed_short(
+    q_nope: Tensor,
+    q_pe: Tensor,
+    latents: Tensor,
+    valid: Tensor,
+    w_uk: Tensor,
+    w_uv: Tensor,
+    scale: float,
+) -> Tensor:
+    """``attention_absorbed`` for a few new tokens per sequence (a decode plus its drafts).
+
+    q_nope [S, Q, H, nope], q_pe [S, Q, H, rope], latents [S, L, kv_lora_rank + rope], valid
+    [S, Q, L] bool (query q of sequence s sees the keys it may: causal, unpadded; every query
+    row needs at least one), w_uk [H, nope, kv_lora_rank], w_uv [H, v, kv_lora_rank].
+    Returns [S, Q, H, v] in the query's dtype, computed in fp32.
+    """
+    out_dtype = q_nope.dtype
+    num_seqs, num_q, num_heads, _ = q_nope.shape
+    latents = latents.float()
+    kv_lora_rank = w_uk.shape[-1]
+    q_latent = torch.einsum("sqhn,hnr->sqhr", q_nope.float(), w_uk.float())
+    query = torch.cat((q_latent, q_pe.float()), dim=-1).flatten(1, 2)  # [S, Q * H, latent_dim]
+    scores = torch.bmm(query, latents.transpose(1, 2)) * scale  # [S, Q * H, L]
+    scores = scores.view(num_seqs, num_q, num_heads, -1)
+    scores = scores.masked_fill(~valid[:, :, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1).flatten(1, 2)
+    out_latent = torch.bmm(probs, latents[:, :, :kv_lora_rank])  # [S, Q * H, kv_lora_rank]
+    out_latent = out_latent.view(num_seqs, num_q, num_heads, kv_lora_rank)
+    return torch.einsum("sqhr,hvr->sqhv", out_latent, w_uv.float()).to(out_dtype)
+
+
 def attention_absorbed_chunk(
     q_nope: Tensor,
     q_pe: Tensor,
@@ -158,6 +189,11 @@ def absorbed_is_cheaper(
     expanded = length * r * (nope + v_head_dim) + num_q * length * (nope + rope + v_head_dim)
     absorbed = num_q * r * (nope + v_head_dim) + num_q * length * (2 * r + rope)
     return absorbed < expanded
+
+
+# Sequences bringing at most this many new tokens (a decode and its draft tokens) attend
+# together in the absorbed form; longer chunks attend one by one.
+MAX_SHORT_QUERY = 4
 
 
 class MLA(nn.Module):
@@ -234,21 +270,24 @@ class MLA(nn.Module):
         cache: PagedLatentCache,
         cache_layer: int,
     ) -> Tensor:
-        """[T, H, v]: decode sequences together (absorbed), prefill chunks one by one."""
+        """[T, H, v]: sequences with a few new tokens (decodes, decodes with drafts) together in
+        the absorbed form, longer chunks one by one."""
         if batch.is_decode:
             return self._attend_decode(
                 q_nope, q_pe, batch, cache, cache_layer, range(batch.num_seqs)
             )
         out = q_nope.new_empty(q_nope.shape[0], self.num_heads, self.v_head_dim)
         starts = batch.query_starts()
-        decode_seqs = [s for s, q_len in enumerate(batch.seq_lens_q) if q_len == 1]
-        if decode_seqs:
-            rows = torch.tensor([starts[s] for s in decode_seqs], device=q_nope.device)
+        short = [s for s, q_len in enumerate(batch.seq_lens_q) if q_len <= MAX_SHORT_QUERY]
+        if short and all(batch.seq_lens_q[s] == 1 for s in short):
+            rows = torch.tensor([starts[s] for s in short], device=q_nope.device)
             out[rows] = self._attend_decode(
-                q_nope[rows], q_pe[rows], batch, cache, cache_layer, decode_seqs
+                q_nope[rows], q_pe[rows], batch, cache, cache_layer, short
             )
+        elif short:
+            self._attend_short(out, q_nope, q_pe, batch, cache, cache_layer, short)
         for seq, q_len in enumerate(batch.seq_lens_q):
-            if q_len == 1:
+            if q_len <= MAX_SHORT_QUERY:
                 continue
             rows_slice = slice(starts[seq], starts[seq + 1])
             latents = cache.gather(cache_layer, batch.block_tables[seq], batch.context_lens[seq])
@@ -278,6 +317,46 @@ class MLA(nn.Module):
             self.v_head_dim,
             self.scale,
         )
+
+    def _attend_short(
+        self,
+        out: Tensor,
+        q_nope: Tensor,
+        q_pe: Tensor,
+        batch: ForwardBatch,
+        cache: PagedLatentCache,
+        cache_layer: int,
+        seqs: list[int],
+    ) -> None:
+        """Fill ``out``'s rows of ``seqs`` (each at most MAX_SHORT_QUERY new tokens) at once."""
+        device = q_nope.device
+        starts = batch.query_starts()
+        q_lens = [batch.seq_lens_q[s] for s in seqs]
+        lengths = [batch.context_lens[s] for s in seqs]
+        num_q = max(q_lens)
+        # [S, Q] flat rows of each sequence's queries, padded with its first row
+        index = [
+            [starts[s] + min(q, q_len - 1) for q in range(num_q)]
+            for s, q_len in zip(seqs, q_lens, strict=True)
+        ]
+        rows = torch.tensor(index, dtype=torch.long, device=device)
+        latents, _ = cache.gather_batch(cache_layer, [batch.block_tables[s] for s in seqs], lengths)
+        keys = torch.arange(latents.shape[1], device=device)
+        # query q of a sequence with Q_s new tokens over L_s cached sits at L_s - Q_s + q
+        last = torch.tensor(
+            [
+                [length - q_len + min(q, q_len - 1) for q in range(num_q)]
+                for length, q_len in zip(lengths, q_lens, strict=True)
+            ],
+            device=device,
+        )
+        valid = keys[None, None, :] <= last[:, :, None]  # [S, Q, L]
+        w_uk, w_uv = self.absorbed_weights()
+        result = attention_absorbed_short(
+            q_nope[rows], q_pe[rows], latents.to(q_nope.dtype), valid, w_uk, w_uv, self.scale
+        )
+        keep = torch.tensor([[q < q_len for q in range(num_q)] for q_len in q_lens], device=device)
+        out[rows[keep]] = result[keep]
 
     def _attend_decode(
         self,

@@ -143,12 +143,13 @@ def test_absorbed_cost_rule() -> None:
 def test_chunk_over_context_absorbed_equals_expanded(
     tiny_model: DeepseekV3ForCausalLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A 4-token chunk after 40 cached tokens takes the absorbed form; forcing the expanded form
-    # gives the same logits.
-    tokens = torch.randint(0, 129280, (44,), generator=torch.Generator().manual_seed(3)).tolist()
+    # A 6-token chunk after 40 cached tokens takes the absorbed form; forcing the expanded form
+    # gives the same logits. (Chunks of at most MAX_SHORT_QUERY tokens take the batched path.)
+    tokens = torch.randint(0, 129280, (46,), generator=torch.Generator().manual_seed(3)).tolist()
     dims = tiny_model.config.mla
+    assert len(tokens) - 40 > mla.MAX_SHORT_QUERY
     assert absorbed_is_cheaper(
-        4, 44, dims.kv_lora_rank, dims.qk_nope_head_dim, dims.qk_rope_head_dim, dims.v_head_dim
+        6, 46, dims.kv_lora_rank, dims.qk_nope_head_dim, dims.qk_rope_head_dim, dims.v_head_dim
     )
     calls: list[int] = []
 
@@ -171,6 +172,34 @@ def test_chunk_over_context_absorbed_equals_expanded(
     assert len(calls) == tiny_model.config.num_hidden_layers
     error = (absorbed - expanded).abs().max() / expanded.abs().max()
     assert error < 1e-5
+
+
+def test_short_queries_batched_equal_prefill(tiny_model: DeepseekV3ForCausalLM) -> None:
+    # Decodes with 0, 2 and 3 drafts (1, 3 and 4 new tokens) and a long chunk in one step, over
+    # scattered blocks: each row's logits == the one-shot prefill's at that position.
+    generator = torch.Generator().manual_seed(4)
+    lengths, new = [21, 9, 30, 17], [1, 3, 4, 12]
+    seqs = [torch.randint(0, 129280, (n,), generator=generator).tolist() for n in lengths]
+    block_size = 4
+    cache = tiny_model.new_cache(4 * 32, block_size=block_size)
+    order = torch.randperm(cache.num_blocks, generator=generator).tolist()
+    tables = [order[i * 8 : (i + 1) * 8] for i in range(4)]
+    for tokens, table, q_len in zip(seqs, tables, new, strict=True):
+        prefix = tokens[: len(tokens) - q_len]
+        tiny_model(ForwardBatch.for_prefill(prefix, 0, table, block_size), cache)
+    batch = ForwardBatch.build(
+        [t[len(t) - q :] for t, q in zip(seqs, new, strict=True)],
+        [len(t) - q for t, q in zip(seqs, new, strict=True)],
+        tables,
+        block_size,
+    )
+    logits = tiny_model.compute_logits(tiny_model(batch, cache))
+    row = 0
+    for tokens, q_len in zip(seqs, new, strict=True):
+        reference = tiny_model.logits_for(tokens)[len(tokens) - q_len :]
+        error = (logits[row : row + q_len] - reference).abs().max() / reference.abs().max()
+        assert error < 1e-5
+        row += q_len
 
 
 def test_decode_steps_equal_full_prefill(tiny_model: DeepseekV3ForCausalLM) -> None:

@@ -65,17 +65,37 @@ def run_step(scheduler: Scheduler) -> tuple[SchedulerOutput, list[Request]]:
     check_step(scheduler, out)
     assert not out.is_empty, "live requests but nothing scheduled"
     sampled = [greedy_tokens(item) if item.samples else [] for item in out.scheduled]
-    return out, scheduler.postprocess(out, sampled)
+    drafts = [
+        fake_drafts(item.seq.token_ids + tokens, out.num_spec_tokens) if tokens else []
+        for item, tokens in zip(out.scheduled, sampled, strict=True)
+    ]
+    return out, scheduler.postprocess(out, sampled, drafts)
 
 
 def greedy_tokens(item: ScheduledSeq) -> list[int]:
-    """What greedy speculative decoding emits: some accepted drafts (equal to the model's own
-    tokens) and one more token; how many drafts are accepted varies with the position."""
-    num_accepted = (item.start * 7) % (item.num_lookahead + 1)
+    """What greedy verification emits: the drafts that match the model's own tokens, then the
+    model's token at the first mismatch (or after the last draft)."""
     tokens = list(item.seq.token_ids)
-    for _ in range(num_accepted + 1):
-        tokens.append(next_token(tokens))
+    for draft in item.draft_token_ids:
+        target = next_token(tokens)
+        tokens.append(target)
+        if target != draft:
+            return tokens[item.seq.num_tokens :]
+    tokens.append(next_token(tokens))
     return tokens[item.seq.num_tokens :]
+
+
+def fake_drafts(token_ids: list[int], depth: int) -> list[int]:
+    """A drafter that is right most of the time: the model's next tokens, with some wrong."""
+    tokens = list(token_ids)
+    drafts: list[int] = []
+    for j in range(depth):
+        token = next_token(tokens)
+        if (len(tokens) * 7 + j) % 3 == 0:
+            token += 1
+        tokens.append(token)
+        drafts.append(token)
+    return drafts
 
 
 def run_to_end(scheduler: Scheduler, max_steps: int = 1000) -> list[SchedulerOutput]:
@@ -270,24 +290,68 @@ def test_lookahead_reserves_slots_and_accepts_drafts() -> None:
     scheduler = make_scheduler(max_num_seqs=4, max_batch_tokens=16, num_lookahead=2)
     seq = make_seq("a", 3, max_tokens=10)
     scheduler.add(seq)
-    run_step(scheduler)
+    out = scheduler.schedule()
+    assert out.num_spec_tokens == 2
+    scheduler.postprocess(out, [[19]], [[20, 21]])
+    assert seq.draft_token_ids == [20, 21]
     out = scheduler.schedule()
     (item,) = out.scheduled
     assert (item.start, item.num_new_tokens, item.num_lookahead) == (3, 1, 2)
+    assert item.draft_token_ids == (20, 21)
     assert out.num_batched_tokens == 3
-    assert len(seq.block_table) == 2  # positions up to 5
-    scheduler.postprocess(out, [[20, 21, 22]])  # two drafts accepted plus one sampled
+    assert len(seq.block_table) == 2  # drafts up to position 5, a depth-2 draft at 6
+    scheduler.postprocess(out, [[20, 21, 22]], [[30, 31]])  # two drafts accepted, one sampled
     assert seq.output_token_ids[-3:] == [20, 21, 22]
     assert seq.num_computed_tokens == 6 == seq.num_tokens - 1
+    out = scheduler.schedule()
+    assert out.scheduled[0].draft_token_ids == (30, 31)
     with pytest.raises(ValueError):
-        scheduler.postprocess(scheduler.schedule(), [[1, 2, 3, 4]])
+        scheduler.postprocess(out, [[1, 2, 3, 4]])
+
+
+def test_rejected_drafts_give_their_blocks_back() -> None:
+    scheduler = make_scheduler(block_size=4, max_num_seqs=4, max_batch_tokens=16, num_lookahead=3)
+    seq = make_seq("a", 4, max_tokens=20)
+    scheduler.add(seq)
+    scheduler.postprocess(scheduler.schedule(), [[50]], [[51, 52, 53]])
+    out = scheduler.schedule()  # verifies positions 4..7, depth-2 and -3 drafts up to 9
+    assert len(seq.block_table) == 3
+    used = scheduler.block_manager.num_used_blocks
+    scheduler.postprocess(out, [[60]], [[61, 62, 63]])  # every draft rejected
+    assert seq.num_tokens == 6 and seq.num_computed_tokens == 5
+    assert len(seq.block_table) == 2 and scheduler.block_manager.num_used_blocks == used - 1
+    assert scheduler.block_manager.num_cached_blocks == 1  # only the prompt's full block
+
+
+def test_speculation_pauses_above_the_batch_threshold() -> None:
+    bm = BlockManager(64, 4, b"test")
+    scheduler = Scheduler(
+        8,
+        32,
+        bm,
+        True,
+        max_model_len=64,
+        eos_token_ids=[EOS],
+        num_lookahead=1,
+        spec_max_batch_size=2,
+    )
+    seqs = [make_seq(f"s{i}", 3, max_tokens=8) for i in range(3)]
+    for seq in seqs:
+        scheduler.add(seq)
+    out = scheduler.schedule()
+    assert out.num_spec_tokens == 0  # three expected, the threshold is two
+    scheduler.postprocess(out, [[7]] * 3)
+    assert all(not seq.draft_token_ids for seq in seqs)
+    scheduler.abort("s2")
+    out = scheduler.schedule()
+    assert out.num_spec_tokens == 1 and all(not item.num_lookahead for item in out.scheduled)
 
 
 def test_stop_inside_accepted_drafts_drops_the_rest() -> None:
     scheduler = make_scheduler(block_size=4, max_num_seqs=4, max_batch_tokens=16, num_lookahead=2)
     seq = make_seq("a", 5, max_tokens=10, stop_token_ids=(20,))
     scheduler.add(seq)
-    run_step(scheduler)
+    scheduler.postprocess(scheduler.schedule(), [[19]], [[20, 21]])
     out = scheduler.schedule()  # computes positions 5, 6, 7
     assert scheduler.postprocess(out, [[20, 21, 22]]) == [seq]
     assert seq.num_tokens == 7 and seq.output_token_ids[-1] == 20

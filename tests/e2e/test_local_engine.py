@@ -251,3 +251,5 @@ async def test_metrics_expose_engine_gauges(local_gateway: LocalGateway) -> None
     assert 'engine_kv_blocks_used{provider="local"} 0.0' in text
     assert 'engine_waiting_requests{provider="local"}' in text
     assert 'engine_prefix_cache_hit_rate{provider="local"}' in text
+    assert 'engine_spec_proposed_tokens_total{provider="local"}' in text
+    assert 'engine_spec_acceptance_rate{provider="local"}' in text

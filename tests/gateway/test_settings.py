@@ -120,6 +120,9 @@ def test_engine_knobs_validate_into_the_engine_config(monkeypatch: pytest.Monkey
         ({"dtype": "int8"}, "dtype must be one of"),
         ({"device": "tpu"}, "device must be"),
         ({"cache_memory": 5}, "unknown engine settings: cache_memory"),
+        ({"spec_num_tokens": 4}, "spec_num_tokens must be in"),
+        ({"spec_max_batch_size": 0}, "spec_max_batch_size must be positive"),
+        ({"max_num_seqs": 64, "max_batch_tokens": 100}, "a decode and its 1 drafts"),
     ],
 )
 def test_engine_knobs_fail_at_load(engine: dict[str, object], needle: str) -> None:
@@ -154,3 +157,12 @@ def test_further_upstream_accounts_come_from_the_environment(
     monkeypatch.setenv("MOCK_KEY_3", "sk-3")
     provider = load_settings(config).providers["mock"]
     assert provider.accounts() == (("MOCK_API_KEY", "sk-1"), ("MOCK_KEY_3", "sk-3"))
+
+
+def test_speculation_knobs_validate_into_the_engine_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GATEWAY_ENGINE__SPEC_ENABLED", "false")
+    engine = load_settings(engine={"spec_num_tokens": 3, "spec_max_batch_size": 4}).engine
+    assert (engine.config.spec_enabled, engine.config.spec_num_tokens) == (False, 3)
+    assert engine.config.spec_max_batch_size == 4
