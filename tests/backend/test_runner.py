@@ -25,7 +25,7 @@ def _seq(request_id: str, tokens: list[int], table: list[int], params: SamplingP
 
 def _scheduled(seq: Request, start: int, num_new_tokens: int) -> ScheduledSeq:
     seq.num_computed_tokens = start
-    return ScheduledSeq.of(seq, num_new_tokens, 0)
+    return ScheduledSeq.of(seq, num_new_tokens)
 
 
 @pytest.mark.parametrize(
