@@ -30,7 +30,6 @@ from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.config import ModelConfig
 from backend.model.model import DecoderLayer, DeepseekV3ForCausalLM, MTPLayer
 from backend.model.moe import MoE
-from backend.model.rope import rotary_cos_sin
 from backend.text.tokenizer import Tokenizer
 
 
@@ -141,7 +140,7 @@ class _Trainable(torch.nn.Module):
         cache = PagedLatentCache(
             self.model.num_cache_layers, num_seqs, length, config.latent_dim, torch.float32, "cpu"
         )
-        cos, sin = rotary_cos_sin(config.rope, config.mla.qk_rope_head_dim, batch.positions)
+        cos, sin = self.model.rotary.cos_sin(batch.positions)
         x = F.embedding(batch.input_ids, self.embed)  # [B * T, D]
         for index in range(config.num_hidden_layers):
             layer = self.model.model.layers[index]

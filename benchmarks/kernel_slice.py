@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from backend.demo_checkpoint import demo_config
+from backend.generate import new_cache
 from backend.model import fp8
 from backend.model.cache import ForwardBatch
 from backend.model.checkpoint import prepare_for_kernels
@@ -114,7 +115,7 @@ def bench_slice(w: Widths, device: torch.device) -> list[str]:
     lines = [f"slice: {config.num_hidden_layers} layers + MTP at hidden {w.hidden}, FP8 resident"]
     context = 4096 if device.type == "cuda" else 64
     for batch in (1, 64) if device.type == "cuda" else (1, 2):
-        cache = model.new_cache(batch * context, block_size=w.page)
+        cache = new_cache(model, batch * context, block_size=w.page)
         blocks = -(-context // w.page)
         tables = [list(range(s * blocks, (s + 1) * blocks)) for s in range(batch)]
         step = ForwardBatch.build([[1]] * batch, [context - 1] * batch, tables, w.page, device)
@@ -127,7 +128,7 @@ def bench_slice(w: Widths, device: torch.device) -> list[str]:
             f"floor {floor * 1e3:.3f} ms ({floor / seconds:.1%} of the bandwidth floor)"
         )
     chunk = 2048 if device.type == "cuda" else 32
-    cache = model.new_cache(chunk, block_size=w.page)
+    cache = new_cache(model, chunk, block_size=w.page)
     prefill = ForwardBatch.for_prefill(
         [1] * chunk, 0, list(range(cache.num_blocks)), w.page, device
     )

@@ -21,6 +21,7 @@ from transformers import DeepseekV3ForCausalLM as HFDeepseekV3
 from transformers import DynamicCache
 
 from backend.demo_checkpoint import write_demo_checkpoint
+from backend.generate import new_cache
 from backend.model.cache import ForwardBatch
 from backend.model.checkpoint import load_model
 from backend.model.dtypes import torch_dtype
@@ -75,13 +76,13 @@ def decode_bytes(model: DeepseekV3ForCausalLM, context: int) -> int:
 
 
 def ours_prefill(model: DeepseekV3ForCausalLM, ids: list[int]) -> float:
-    cache = model.new_cache(len(ids))
+    cache = new_cache(model, len(ids))
     batch = ForwardBatch.for_prefill(ids, 0, list(range(cache.num_blocks)), cache.block_size)
     return _timed(lambda: model.compute_logits(model(batch, cache)[-1:]))
 
 
 def ours_decode(model: DeepseekV3ForCausalLM, ids: list[int], steps: int) -> list[float]:
-    cache = model.new_cache(len(ids) + steps)
+    cache = new_cache(model, len(ids) + steps)
     table = list(range(cache.num_blocks))
     hidden = model(ForwardBatch.for_prefill(ids, 0, table, cache.block_size), cache)
     token = int(model.compute_logits(hidden[-1:]).argmax())

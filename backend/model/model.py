@@ -6,8 +6,6 @@ the MTP layer included (``model.layers.{num_hidden_layers}``), so the loader map
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 from torch import Tensor, nn
 
@@ -16,7 +14,7 @@ from backend.model.config import ModelConfig
 from backend.model.layers import Linear, RMSNorm, SwiGLU
 from backend.model.mla import MLA
 from backend.model.moe import MoE
-from backend.model.rope import rotary_cos_sin
+from backend.model.rope import Rotary
 
 
 class DecoderLayer(nn.Module):
@@ -95,6 +93,7 @@ class DeepseekV3ForCausalLM(nn.Module):
         self.num_mtp_layers = config.num_nextn_predict_layers if include_mtp else 0
         self.model = DeepseekV3Model(config, dtype, self.num_mtp_layers)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        self.rotary = Rotary(config.rope, config.mla.qk_rope_head_dim)
 
     @property
     def num_cache_layers(self) -> int:
@@ -109,7 +108,7 @@ class DeepseekV3ForCausalLM(nn.Module):
         return self.lm_head.weight.device
 
     def _cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        return rotary_cos_sin(self.config.rope, self.config.mla.qk_rope_head_dim, positions)
+        return self.rotary.cos_sin(positions)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: PagedLatentCache) -> Tensor:
@@ -151,48 +150,3 @@ class DeepseekV3ForCausalLM(nn.Module):
         layer = self.model.layers[self.config.num_hidden_layers + depth]
         assert isinstance(layer, MTPLayer)
         return layer.shared_head.head(hidden).float()
-
-    # Conveniences for tests and scripts: one sequence over a fresh contiguous cache.
-
-    def new_cache(
-        self, num_tokens: int, block_size: int = 16, dtype: torch.dtype | None = None
-    ) -> PagedLatentCache:
-        return PagedLatentCache(
-            num_layers=self.num_cache_layers,
-            num_blocks=-(-num_tokens // block_size),
-            block_size=block_size,
-            latent_dim=self.config.latent_dim,
-            dtype=dtype or self.dtype,
-            device=self.device,
-        )
-
-    def logits_for(self, token_ids: list[int]) -> Tensor:
-        """[T, vocab] fp32 logits of every position of ``token_ids``, prefilled in one step."""
-        cache = self.new_cache(len(token_ids))
-        batch = ForwardBatch.for_prefill(
-            token_ids, 0, list(range(cache.num_blocks)), cache.block_size, self.device
-        )
-        return self.compute_logits(self(batch, cache))
-
-    def iter_greedy(
-        self, prompt_ids: list[int], max_new_tokens: int, block_size: int = 16
-    ) -> Iterator[int]:
-        """Prefill the prompt, then decode greedily one token per step (absorbed attention)."""
-        cache = self.new_cache(len(prompt_ids) + max_new_tokens, block_size)
-        table = list(range(cache.num_blocks))
-        batch = ForwardBatch.for_prefill(prompt_ids, 0, table, block_size, self.device)
-        hidden = self(batch, cache)
-        for step in range(max_new_tokens):
-            next_id = int(self.compute_logits(hidden[-1:]).argmax(dim=-1))
-            yield next_id
-            if step + 1 == max_new_tokens:
-                return
-            position = len(prompt_ids) + step
-            batch = ForwardBatch.for_prefill([next_id], position, table, block_size, self.device)
-            hidden = self(batch, cache)
-
-    def generate_greedy(
-        self, prompt_ids: list[int], max_new_tokens: int, block_size: int = 16
-    ) -> list[int]:
-        """``max_new_tokens`` greedy tokens after ``prompt_ids`` (no stop token)."""
-        return list(self.iter_greedy(prompt_ids, max_new_tokens, block_size))

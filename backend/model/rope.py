@@ -50,11 +50,22 @@ def cos_sin_scale(rope: RopeConfig) -> float:
     return yarn_mscale(rope.factor, rope.mscale) / yarn_mscale(rope.factor, rope.mscale_all_dim)
 
 
-def rotary_cos_sin(rope: RopeConfig, dim: int, positions: Tensor) -> tuple[Tensor, Tensor]:
-    """cos and sin, each [T, dim // 2] fp32, for the absolute ``positions`` [T]."""
-    angles = positions.float()[:, None] * inv_frequencies(rope, dim, positions.device)[None, :]
-    scale = cos_sin_scale(rope)
-    return angles.cos() * scale, angles.sin() * scale
+class Rotary:
+    """A model's rotary frequencies and YaRN scale, computed once (kept per device, since the
+    model's weights may be filled on another device than it was built on)."""
+
+    def __init__(self, rope: RopeConfig, dim: int) -> None:
+        self._inv_freq = {"cpu": inv_frequencies(rope, dim)}
+        self._scale = cos_sin_scale(rope)
+
+    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin, each [T, dim // 2] fp32, for the absolute ``positions`` [T]."""
+        device = str(positions.device)
+        inv_freq = self._inv_freq.get(device)
+        if inv_freq is None:
+            inv_freq = self._inv_freq[device] = self._inv_freq["cpu"].to(positions.device)
+        angles = positions.float()[:, None] * inv_freq[None, :]
+        return angles.cos() * self._scale, angles.sin() * self._scale
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

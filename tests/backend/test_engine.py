@@ -13,6 +13,7 @@ from backend.engine.blocks import BlockEvent, BlockEvicted
 from backend.engine.llm_engine import LLMEngine, PromptTooLong
 from backend.engine.sampler import SampleRow, apply_penalties
 from backend.engine.sampling_params import SamplingParams
+from backend.generate import logits_for
 from backend.model.checkpoint import load_generation_config
 from backend.model.model import DeepseekV3ForCausalLM
 from tests.backend.engine_helpers import (
@@ -198,7 +199,7 @@ def test_penalties_see_each_rows_history(tiny_model: DeepseekV3ForCausalLM, tiny
     for rid, prompt in prompts.items():
         out = got[rid]
         for k, token in enumerate(out):
-            logits = tiny_model.logits_for(prompt + out[:k])[-1:]
+            logits = logits_for(tiny_model, prompt + out[:k])[-1:]
             row = SampleRow(params, prompt, out[:k], None)
             assert int(apply_penalties(logits, [row]).argmax()) == token, (rid, k)
 
@@ -211,7 +212,7 @@ def test_logprobs_come_with_each_token(tiny_model: DeepseekV3ForCausalLM, tiny_d
     for k, output in enumerate(outputs):
         assert output.logprobs is not None
         assert len(output.logprobs) == len(output.new_token_ids) == 1
-        expected = tiny_model.logits_for(prompt + tokens[:k])[-1].log_softmax(-1)
+        expected = logits_for(tiny_model, prompt + tokens[:k])[-1].log_softmax(-1)
         entry = output.logprobs[0]
         assert entry.logprob == pytest.approx(float(expected.max()), abs=1e-4)
         assert [token for token, _ in entry.top][0] == output.new_token_ids[0]

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from backend.generate import logits_for
 from backend.model import fp8
 from backend.model.checkpoint import load_model
 from backend.model.model import DeepseekV3ForCausalLM
@@ -56,7 +57,7 @@ def test_fp8_checkpoint_logits_close_to_source(
 ) -> None:
     quantized = load_model(tiny_fp8_dir, dtype=torch.float32)
     prompt = torch.randint(0, 129280, (40,), generator=torch.Generator().manual_seed(2)).tolist()
-    fp8_logits = quantized.logits_for(prompt)
+    fp8_logits = logits_for(quantized, prompt)
     # Exactly the source model with each FP8 weight put through quantize -> dequantize.
     round_tripped = load_model(tiny_dir, dtype=torch.float32)
     with torch.no_grad():
@@ -66,9 +67,9 @@ def test_fp8_checkpoint_logits_close_to_source(
                 and "shared_head" not in name
             ):
                 tensor.copy_(fp8.dequantize(*fp8.quantize(tensor)))
-    torch.testing.assert_close(fp8_logits, round_tripped.logits_for(prompt), rtol=0, atol=1e-4)
+    torch.testing.assert_close(fp8_logits, logits_for(round_tripped, prompt), rtol=0, atol=1e-4)
     # FP8 noise (about 3% per weight) stays bounded; MoE routing flips make it larger than that.
-    source = tiny_model.logits_for(prompt)
+    source = logits_for(tiny_model, prompt)
     assert not torch.equal(source, fp8_logits)
     relative = (fp8_logits - source).norm() / source.norm()
     assert relative < 0.35, f"relative L2 error {relative:.3f}"

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from backend.generate import generate_greedy, logits_for
 from backend.kernels import fp8_gemm
 from backend.model import fp8
 from backend.model.checkpoint import load_model, read_index
@@ -57,9 +58,9 @@ def test_resident_matches_dequantize_at_load(tiny_fp8_dir: Path, dtype: torch.dt
     at_load = load_model(tiny_fp8_dir, dtype=dtype, fp8_weights="dequantize")
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(
-        resident.logits_for(PROMPT), at_load.logits_for(PROMPT), rtol=tolerance, atol=tolerance
+        logits_for(resident, PROMPT), logits_for(at_load, PROMPT), rtol=tolerance, atol=tolerance
     )
-    assert resident.generate_greedy(PROMPT, 6) == at_load.generate_greedy(PROMPT, 6)
+    assert generate_greedy(resident, PROMPT, 6) == generate_greedy(at_load, PROMPT, 6)
 
 
 @pytest.mark.parametrize(("rows", "cols"), [(300, 200), (384, 256)])  # partial, whole blocks

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backend.demo_checkpoint import write_demo_checkpoint
-from backend.generate import main
+from backend.generate import generate_greedy, main
 from backend.model.checkpoint import load_model
 from backend.text.tokenizer import Tokenizer
 
@@ -20,7 +20,7 @@ def test_generate_streams_greedy_text(tmp_path: Path, capsys: pytest.CaptureFixt
     tokenizer = Tokenizer.from_dir(model_dir)
     prompt = tokenizer.encode_chat([{"role": "user", "content": "Hi there"}], thinking=True)
     assert prompt[-1] == tokenizer.special.think
-    generated = load_model(model_dir, dtype=torch.float32).generate_greedy(prompt, 12)
+    generated = generate_greedy(load_model(model_dir, dtype=torch.float32), prompt, 12)
     if tokenizer.special.eos in generated:
         generated = generated[: generated.index(tokenizer.special.eos)]
     assert out.out == "<think>" + tokenizer.decode(generated) + "\n"

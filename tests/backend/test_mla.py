@@ -11,6 +11,7 @@ from transformers import DeepseekV3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from backend.demo_checkpoint import demo_config
+from backend.generate import logits_for, new_cache
 from backend.model import mla
 from backend.model.cache import ForwardBatch
 from backend.model.config import ModelConfig, RopeConfig
@@ -158,7 +159,7 @@ def test_chunk_over_context_absorbed_equals_expanded(
         return attention_absorbed_chunk(*args)
 
     def chunk_logits() -> torch.Tensor:
-        cache = tiny_model.new_cache(len(tokens), block_size=8)
+        cache = new_cache(tiny_model, len(tokens), block_size=8)
         table = list(range(cache.num_blocks))
         tiny_model(ForwardBatch.for_prefill(tokens[:40], 0, table, 8), cache)
         batch = ForwardBatch.for_prefill(tokens[40:], 40, table, 8)
@@ -181,7 +182,7 @@ def test_short_queries_batched_equal_prefill(tiny_model: DeepseekV3ForCausalLM) 
     lengths, new = [21, 9, 30, 17], [1, 3, 4, 12]
     seqs = [torch.randint(0, 129280, (n,), generator=generator).tolist() for n in lengths]
     block_size = 4
-    cache = tiny_model.new_cache(4 * 32, block_size=block_size)
+    cache = new_cache(tiny_model, 4 * 32, block_size=block_size)
     order = torch.randperm(cache.num_blocks, generator=generator).tolist()
     tables = [order[i * 8 : (i + 1) * 8] for i in range(4)]
     for tokens, table, q_len in zip(seqs, tables, new, strict=True):
@@ -196,7 +197,7 @@ def test_short_queries_batched_equal_prefill(tiny_model: DeepseekV3ForCausalLM) 
     logits = tiny_model.compute_logits(tiny_model(batch, cache))
     row = 0
     for tokens, q_len in zip(seqs, new, strict=True):
-        reference = tiny_model.logits_for(tokens)[len(tokens) - q_len :]
+        reference = logits_for(tiny_model, tokens)[len(tokens) - q_len :]
         error = (logits[row : row + q_len] - reference).abs().max() / reference.abs().max()
         assert error < 1e-5
         row += q_len
@@ -205,9 +206,9 @@ def test_short_queries_batched_equal_prefill(tiny_model: DeepseekV3ForCausalLM) 
 def test_decode_steps_equal_full_prefill(tiny_model: DeepseekV3ForCausalLM) -> None:
     # Each absorbed decode step's logits == the expanded prefill's logits at that position.
     tokens = torch.randint(0, 129280, (24,), generator=torch.Generator().manual_seed(1)).tolist()
-    reference = tiny_model.logits_for(tokens)
+    reference = logits_for(tiny_model, tokens)
     prompt_len = 8
-    cache = tiny_model.new_cache(len(tokens), block_size=4)
+    cache = new_cache(tiny_model, len(tokens), block_size=4)
     table = list(range(cache.num_blocks))
     batch = ForwardBatch.for_prefill(tokens[:prompt_len], 0, table, 4)
     tiny_model(batch, cache)

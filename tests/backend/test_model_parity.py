@@ -14,6 +14,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
 )
 
 from backend.demo_checkpoint import write_demo_checkpoint
+from backend.generate import generate_greedy, logits_for, new_cache
 from backend.model.cache import ForwardBatch
 from backend.model.checkpoint import load_model
 from backend.model.model import DecoderLayer, DeepseekV3ForCausalLM
@@ -46,14 +47,14 @@ def test_logits_match_hf(
     prompt = _prompt(length, seed=length)
     with torch.no_grad():
         theirs = hf_tiny(torch.tensor([prompt])).logits[0]
-    _assert_logits_close(tiny_model.logits_for(prompt), theirs)
+    _assert_logits_close(logits_for(tiny_model, prompt), theirs)
 
 
 def test_greedy_continuation_matches_hf(
     tiny_model: DeepseekV3ForCausalLM, hf_tiny: HFDeepseekV3
 ) -> None:
     prompt = _prompt(12, seed=99)
-    ours = tiny_model.generate_greedy(prompt, 64, block_size=16)
+    ours = generate_greedy(tiny_model, prompt, 64, block_size=16)
     with torch.no_grad():
         out = hf_tiny.generate(
             torch.tensor([prompt]), max_new_tokens=64, do_sample=False, eos_token_id=None
@@ -74,7 +75,7 @@ def test_q_proj_variant_matches_hf(tmp_path: Path) -> None:
     prompt = [t % 1000 for t in prompt]
     with torch.no_grad():
         theirs = _hf(model_dir)(torch.tensor([prompt])).logits[0]
-    _assert_logits_close(ours.logits_for(prompt), theirs)
+    _assert_logits_close(logits_for(ours, prompt), theirs)
 
 
 def _hf_mtp_layer(ours: DeepseekV3ForCausalLM, hf_model: HFDeepseekV3) -> MtpLayer:
@@ -115,7 +116,7 @@ def test_mtp_layer_matches_hf(tiny_model: DeepseekV3ForCausalLM, hf_tiny: HFDeep
     # Draft input at position t: token t+1 and the main model's final hidden state at t.
     tokens = _prompt(21, seed=11)
     length = len(tokens) - 1
-    cache = tiny_model.new_cache(length)
+    cache = new_cache(tiny_model, length)
     table = list(range(cache.num_blocks))
     hidden = tiny_model(ForwardBatch.for_prefill(tokens[:length], 0, table, 16), cache)
     draft_batch = ForwardBatch.for_prefill(tokens[1:], 0, table, 16)
@@ -140,7 +141,7 @@ def test_mtp_layer_matches_hf(tiny_model: DeepseekV3ForCausalLM, hf_tiny: HFDeep
 def test_mtp_decode_step_equals_mtp_prefill(tiny_model: DeepseekV3ForCausalLM) -> None:
     tokens = _prompt(17, seed=12)
     length = len(tokens) - 1
-    cache = tiny_model.new_cache(length, block_size=4)
+    cache = new_cache(tiny_model, length, block_size=4)
     table = list(range(cache.num_blocks))
     hidden = tiny_model(ForwardBatch.for_prefill(tokens[:length], 0, table, 4), cache)
     draft_all = tiny_model.mtp_forward(

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from backend.generate import logits_for
 from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.model import DeepseekV3ForCausalLM
 
@@ -80,8 +81,8 @@ def test_mixed_batch_equals_separate_runs(tiny_model: DeepseekV3ForCausalLM) -> 
         [a_tokens[20:21], b_tokens[10:30]], [20, 10], [a_table, b_table], block_size
     )
     logits = tiny_model.compute_logits(tiny_model(batch, cache))
-    expected_a = tiny_model.logits_for(a_tokens)[-1]
-    expected_b = tiny_model.logits_for(b_tokens)[10:]
+    expected_a = logits_for(tiny_model, a_tokens)[-1]
+    expected_b = logits_for(tiny_model, b_tokens)[10:]
     torch.testing.assert_close(logits[0], expected_a, rtol=0, atol=1e-4)
     torch.testing.assert_close(logits[1:], expected_b, rtol=0, atol=1e-4)
     torch.testing.assert_close(batch.last_token_indices(), torch.tensor([0, 20]))

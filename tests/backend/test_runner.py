@@ -9,6 +9,7 @@ from backend.engine.engine_config import EngineConfig, max_model_len, num_cache_
 from backend.engine.request import Request
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
+from backend.generate import logits_for
 from backend.model.cache import ForwardBatch
 from backend.model.model import DeepseekV3ForCausalLM
 from tests.backend.engine_helpers import (
@@ -112,14 +113,14 @@ def test_only_rows_that_complete_a_sequence_sample(tiny_model: DeepseekV3ForCaus
     partial = _seq("b", prompt_b, [2, 3], greedy)
     step = SchedulerOutput([_scheduled(whole, 0, 5), _scheduled(partial, 0, 4)], [])
     result = runner.execute(step)
-    expected = int(tiny_model.logits_for(prompt_a)[-1].argmax())
+    expected = int(logits_for(tiny_model, prompt_a)[-1].argmax())
     assert result.sampled_tokens == [[expected], []]
     assert result.logprobs[0] is not None and result.logprobs[1] is None
     [first] = result.logprobs[0]  # one entry per sampled token
     assert first.top[0][0] == expected and len(first.top) == 2
     rest = SchedulerOutput([_scheduled(partial, 4, 2)], [])
     assert runner.execute(rest).sampled_tokens == [
-        [int(tiny_model.logits_for(prompt_b)[-1].argmax())]
+        [int(logits_for(tiny_model, prompt_b)[-1].argmax())]
     ]
 
 

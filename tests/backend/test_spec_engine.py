@@ -16,6 +16,7 @@ import torch
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampler import Sampler, SampleRow
 from backend.engine.sampling_params import SamplingParams
+from backend.generate import logits_for
 from backend.model.model import DeepseekV3ForCausalLM
 from tests.backend.engine_helpers import (
     GREEDY,
@@ -189,11 +190,11 @@ def _target_pairs(
     distribution of the second token after each first one."""
     sampler = Sampler()
     row = SampleRow(params, (), (), None)
-    first = sampler.probs(model.logits_for(prompt)[-1:], [row])[0]
+    first = sampler.probs(logits_for(model, prompt)[-1:], [row])[0]
     pairs: dict[tuple[int, int], float] = {}
     seconds: dict[int, torch.Tensor] = {}
     for a in first.nonzero().flatten().tolist():
-        seconds[a] = sampler.probs(model.logits_for([*prompt, a])[-1:], [row])[0]
+        seconds[a] = sampler.probs(logits_for(model, [*prompt, a])[-1:], [row])[0]
         for b in seconds[a].nonzero().flatten().tolist():
             pairs[(a, b)] = float(first[a] * seconds[a][b])
     return pairs, seconds
