@@ -27,7 +27,8 @@ import numpy as np  # noqa: E402
 
 from gateway.routing.judge import Judge  # noqa: E402
 from gateway.routing.signals import SIGNALS, signals_of  # noqa: E402
-from gateway.settings import RoutingSettings, ScorerSettings, load_settings  # noqa: E402
+from gateway.routing_settings import RoutingSettings, ScorerSettings  # noqa: E402
+from gateway.settings import load_settings  # noqa: E402
 from gateway.tokens import estimate_prompt_tokens  # noqa: E402
 from tests.gateway.routing_eval import (  # noqa: E402
     Item,

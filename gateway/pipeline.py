@@ -30,7 +30,7 @@ from gateway.routing.breaker import Breakers
 from gateway.routing.decide import Decider, Decision
 from gateway.routing.explain import ROUTE, explain, note_placement
 from gateway.routing.plan import RoutePlanner
-from gateway.settings import BreakerSettings, RoutingSettings
+from gateway.routing_settings import BreakerSettings, RoutingSettings
 from gateway.tokens import prompt_tokens
 from gateway.wire.base import Wire
 from providers import errors as perr

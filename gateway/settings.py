@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from backend.engine.engine_config import EngineConfig
+from gateway.cluster_settings import ClusterSettings
+from gateway.routing_settings import RoutingSettings
 from providers.openai_wire import ThinkingStyle
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -202,136 +203,6 @@ class EngineSettings(BaseModel):
         if unknown:
             raise ValueError(f"unknown engine settings: {', '.join(sorted(unknown))}")
         return {**own, "config": knobs}
-
-
-class RuleSettings(BaseModel):
-    """A named, versioned routing rule for auto models; the first that matches decides.
-    Every condition given must hold. `thinking`: "on", "off", or "keep" (the mode the
-    conversation already has; the rule falls through when it has none)."""
-
-    model_config = _FROZEN
-    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9-]+$")
-    version: int = Field(default=1, ge=1)
-    thinking: Literal["on", "off", "keep"]
-    # conditions
-    last_is_tool_result: bool | None = None
-    has_tools: bool | None = None
-    pattern: str | None = None  # regex searched in the last user turn (case-insensitive)
-    min_prompt_tokens: int | None = Field(default=None, ge=0)
-    protocols: tuple[str, ...] = ()  # chat, completions, responses, messages; empty: all
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"not a regular expression: {exc}") from None
-        return value
-
-
-class ScorerSettings(BaseModel):
-    """Weights of the cheap-signal scorer: score = sigmoid(bias + sum(weight * signal)); thinking
-    goes on at `threshold` and above. Signals are described in gateway/routing/signals.py."""
-
-    model_config = _FROZEN
-    # Fitted and chosen on the tuning half of tests/gateway/routing_eval (benchmarks/routing.py).
-    threshold: float = Field(default=0.28, ge=0, le=1)
-    bias: float = -1.67
-    weights: dict[str, float] = Field(
-        default_factory=lambda: {
-            "maths": 2.2,
-            "proof": 1.83,
-            "algorithm": 1.26,
-            "debugging": 0.63,
-            "design": 2.08,
-            "code_block": 0.49,
-            "stack_trace": 0.68,
-            "reasoning_ask": 2.59,
-            "constraints": 0.43,
-            "length": 2.69,
-            "depth": 0.0,
-            "easy": -1.39,
-            "cjk": -0.44,
-        }
-    )
-    # Only the first `scan_chars` characters of the last user turn are read (bounded cost).
-    scan_chars: int = Field(default=2000, gt=0)
-
-
-class BreakerSettings(BaseModel):
-    """Per-provider circuit breaker: `failures` consecutive failures, or an error rate of
-    `error_rate` over the last `window` calls (once `window` calls were seen), open it for
-    `cooldown_s`; then one probe request is let through, and its success closes it."""
-
-    model_config = _FROZEN
-    failures: int = Field(default=5, ge=1)
-    error_rate: float = Field(default=0.5, gt=0, le=1)
-    window: int = Field(default=20, ge=1)
-    cooldown_s: float = Field(default=30.0, gt=0)
-
-
-class RoutingSettings(BaseModel):
-    model_config = _FROZEN
-    rules: tuple[RuleSettings, ...] = (
-        RuleSettings(name="tool-results", thinking="keep", last_is_tool_result=True),
-        RuleSettings(name="tools", thinking="off", has_tools=True),
-        RuleSettings(
-            name="proof-markers",
-            thinking="on",
-            pattern=r"\b(prove|proof|show that|lemma|theorem)\b|证明|求证",
-        ),
-    )
-    scorer: ScorerSettings = ScorerSettings()
-    breaker: BreakerSettings = BreakerSettings()
-    # Conversation stickiness: an auto conversation keeps its first mode for this long.
-    sticky_ttl_s: int = Field(default=1800, ge=1)
-    # The local engine is preferred while requests waiting for it (this one included) stay at
-    # or under this; beyond it, an upstream route the key may use takes the request.
-    local_max_queue: int = Field(default=4, ge=0)
-
-
-class ClusterSettings(BaseModel):
-    """Several nodes (gateway + engine) sharing one Redis; see gateway/cluster/.
-
-    Routing cost of serving a prompt on node n, in prompt-token units (lowest wins, ties stay
-    on this node): uncached prompt tokens on n + `waiting_cost_tokens` x requests waiting on n
-    + `running_token_weight` x tokens held by n's running requests + `forward_cost_tokens` when
-    n is a peer. A node without free blocks for the uncached part is skipped.
-    """
-
-    model_config = _FROZEN
-    enabled: bool = False
-    node_id: str = ""  # default: the host name
-    # How peers reach this node's internal engine endpoint (http://host:port); default
-    # http://<host name>:<server.port>.
-    internal_url: str = ""
-    # Also serve on this unix socket: processes on the same host reach the engine there
-    # (their internal_url "unix:<path>"), without a copy of the model or a TCP hop.
-    internal_socket: Path | None = None
-    # Shared by every node, environment only: GATEWAY_CLUSTER__SECRET.
-    secret: SecretStr | None = None
-    # "prefix": serve where the prompt's prefix is cached; "local": publish blocks, never forward.
-    routing: Literal["prefix", "local"] = "prefix"
-    heartbeat_s: float = Field(default=0.5, gt=0)
-    liveness_ttl_s: float = Field(default=3.0, gt=0)
-    flush_s: float = Field(default=0.02, gt=0)
-    snapshot_interval_s: float = Field(default=5.0, gt=0)
-    stream_maxlen: int = Field(default=100_000, gt=0)
-    pending_s: float = Field(default=3.0, ge=0)
-    waiting_cost_tokens: float = Field(default=512.0, ge=0)
-    running_token_weight: float = Field(default=0.02, ge=0)
-    forward_cost_tokens: float = Field(default=64.0, ge=0)
-    forward_connect_timeout_s: float = Field(default=2.0, gt=0)
-
-    @model_validator(mode="after")
-    def _check(self) -> ClusterSettings:
-        if self.enabled and (self.secret is None or len(self.secret.get_secret_value()) < 16):
-            raise ValueError("cluster.enabled needs GATEWAY_CLUSTER__SECRET (16+ characters)")
-        if self.liveness_ttl_s <= self.heartbeat_s:
-            raise ValueError("cluster.liveness_ttl_s must exceed cluster.heartbeat_s")
-        return self
 
 
 # Built-in upstreams, enabled only when their key is in the environment.

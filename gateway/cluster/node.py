@@ -13,7 +13,8 @@ from redis.asyncio import Redis
 
 from gateway.cluster.keys import ClusterKeys
 from gateway.cluster.publisher import BlockEventBuffer
-from gateway.settings import ClusterSettings, Settings
+from gateway.cluster_settings import ClusterSettings
+from gateway.settings import Settings
 
 if TYPE_CHECKING:
     from backend.engine.async_engine import AsyncEngine

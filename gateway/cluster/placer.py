@@ -21,7 +21,7 @@ from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
 from gateway.cluster.follower import IndexFollower
 from gateway.cluster.scoring import NodeLoad, PendingMarks, Placement, Weights, place
-from gateway.settings import ClusterSettings
+from gateway.cluster_settings import ClusterSettings
 from providers.engine_client import EngineClient
 from providers.remote_engine import PeerUnreachable, RemoteEngine, split_base
 from providers.types import RouteTrace

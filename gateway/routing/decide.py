@@ -28,7 +28,8 @@ from gateway.routing.aliases import Route
 from gateway.routing.judge import Judge, Verdict
 from gateway.routing.policy import KeyPolicy
 from gateway.routing.sticky import Stickiness, conversation_id, is_follow_up
-from gateway.settings import RoutingMode, RoutingSettings
+from gateway.routing_settings import RoutingSettings
+from gateway.settings import RoutingMode
 from providers.types import ChatRequest, ProviderLoad
 
 

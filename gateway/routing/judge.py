@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from gateway.routing.rules import compile_rules
 from gateway.routing.scorer import Scorer
 from gateway.routing.signals import extract
-from gateway.settings import RoutingSettings
+from gateway.routing_settings import RoutingSettings
 from providers.types import ChatRequest
 
 

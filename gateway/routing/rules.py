@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.routing.signals import last_user_text
-from gateway.settings import RuleSettings
+from gateway.routing_settings import RuleSettings
 from providers.types import ChatRequest
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from gateway.routing.signals import SIGNALS, Signals
-from gateway.settings import ScorerSettings
+from gateway.routing_settings import ScorerSettings
 
 
 class Scorer:

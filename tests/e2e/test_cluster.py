@@ -26,9 +26,9 @@ from backend.model.fingerprint import checkpoint_fingerprint
 from backend.text.tokenizer import Tokenizer
 from gateway.cluster.keys import ClusterKeys, NodeRecord
 from gateway.cluster.publisher import BlockEventBuffer, BlockPublisher
+from gateway.cluster_settings import ClusterSettings
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
-from gateway.settings import ClusterSettings
 from providers.remote_engine import (
     GENERATE_PATH,
     SECRET_HEADER,

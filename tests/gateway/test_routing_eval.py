@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from gateway.routing.judge import Judge
-from gateway.settings import RoutingSettings
+from gateway.routing_settings import RoutingSettings
 from tests.gateway.routing_eval import agreement, best_threshold, decisions, load, verdicts
 
 

@@ -9,7 +9,8 @@ from pydantic import ValidationError
 from gateway.routing.breaker import Breaker
 from gateway.routing.judge import Judge
 from gateway.routing.sticky import conversation_id, is_follow_up
-from gateway.settings import BreakerSettings, RoutingSettings, Settings
+from gateway.routing_settings import BreakerSettings, RoutingSettings
+from gateway.settings import Settings
 from providers.types import ChatRequest, Message
 
 

@@ -20,7 +20,7 @@ from gateway.cluster.follower import IndexFollower
 from gateway.cluster.index import PrefixIndex
 from gateway.cluster.keys import ClusterKeys, NodeRecord
 from gateway.cluster.publisher import BlockEventBuffer, BlockPublisher
-from gateway.settings import ClusterSettings
+from gateway.cluster_settings import ClusterSettings
 from tests.gateway.conftest import REDIS_URL, PrivateRedis
 
 ROOT = root_hash(b"seed", 4)
