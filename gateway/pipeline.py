@@ -96,7 +96,9 @@ class Pipeline:
         sampling = replace(
             chat.sampling,
             max_tokens=output.upstream(grant.max_tokens),
-            max_reasoning_tokens=principal.policy.max_reasoning_tokens,
+            max_reasoning_tokens=_smaller(
+                chat.sampling.max_reasoning_tokens, principal.policy.max_reasoning_tokens
+            ),
         )
         started = time.perf_counter()
         tally = Tally()
@@ -344,3 +346,8 @@ class Pipeline:
             await self.access.settle(grant, outcome)
         except Exception:
             log.exception("settle_failed", request_id=grant.ticket.request_id)
+
+
+def _smaller(a: int | None, b: int | None) -> int | None:
+    """The tighter of two optional budgets (None: no budget)."""
+    return b if a is None else a if b is None else min(a, b)

@@ -16,8 +16,9 @@ Mapping:
   other than "custom") have no equivalent here and are dropped.
 - `tool_choice`: auto -> "auto", any -> "required", tool -> that function, none -> "none";
   `disable_parallel_tool_use` -> parallel_tool_calls false.
-- `thinking`: enabled -> on, disabled -> off, adaptive -> the route's default. `budget_tokens` is
-  checked (below max_tokens) but DeepSeek takes no reasoning budget: max_tokens bounds it.
+- `thinking`: enabled -> on, disabled -> off, adaptive -> the route's default. `budget_tokens`
+  (below max_tokens) is the reasoning budget, combined with the key's `max_reasoning_tokens`
+  (the smaller wins): the local engine enforces it exactly; DeepSeek's API takes none.
 - `stop_sequences` -> stop; `metadata.user_id` -> user; `cache_control` is accepted and ignored.
 The body itself also travels in `anthropic_body`, for upstreams that speak Messages, less the
 thinking blocks they would refuse (unsigned, or signed by this gateway) and any assistant
@@ -245,6 +246,14 @@ def _thinking(body: CountTokensBody, max_tokens: int | None) -> bool | None:
     return enabled
 
 
+def _budget(body: CountTokensBody) -> int | None:
+    """`thinking.budget_tokens` of an enabled thinking request: the reasoning budget (the local
+    engine ends thinking after it; reasoning_effort upstreams get the nearest effort)."""
+    if body.thinking is None or body.thinking.type != "enabled":
+        return None
+    return body.thinking.budget_tokens
+
+
 def _history(body: CountTokensBody, trust: Trust) -> list[Message]:
     system = [_texts(body.system, "system")] if body.system else []
     history: list[Message] = []
@@ -292,6 +301,7 @@ def parse_messages(data: Any, request_id: str, trust: Trust) -> ChatRequest:
         top_p=body.top_p,
         top_k=body.top_k,
         stop=stops,
+        max_reasoning_tokens=_budget(body),
     )
     chat = _chat(body, request_id, trust, sampling)
     user = body.metadata.user_id if body.metadata else None

@@ -101,6 +101,23 @@ async def test_stream_with_thinking_is_signed_and_replayable(local_gateway: Loca
     assert raw.usage["output_tokens"] == 5 and raw.stop_reason == "max_tokens"
 
 
+async def test_budget_tokens_ends_thinking_and_the_answer_follows(
+    local_gateway: LocalGateway,
+) -> None:
+    """`thinking.budget_tokens` is the local engine's reasoning budget: after it, the engine
+    closes thinking itself and the rest of max_tokens goes to the answer."""
+    async with sdk(local_gateway) as client:
+        message = await client.messages.create(
+            model="deepseek-v3.1",
+            messages=USER,
+            max_tokens=12,
+            thinking={"type": "enabled", "budget_tokens": 3},
+        )
+    kinds = [block.type for block in message.content]
+    assert kinds[0] == "thinking" and "text" in kinds, kinds
+    assert message.usage.output_tokens == 12 and message.stop_reason == "max_tokens"
+
+
 async def test_tool_use_across_two_turns(scripted_gateway: LocalGateway) -> None:
     ask = [{"role": "user", "content": "Weather in Paris?"}]
     async with sdk(scripted_gateway) as client:
