@@ -75,8 +75,11 @@ def node_sections(
         "cluster": {
             "enabled": True,
             "routing": routing,
+            # A liveness key outlives several missed heartbeats: on a loaded 2-core machine a
+            # node's loop can stall for a second, and a node that flaps out of its peers'
+            # indexes is served around (correct, but not what these tests look at).
             "heartbeat_s": 0.2,
-            "liveness_ttl_s": 1.5,
+            "liveness_ttl_s": 4.0,
             **(cluster or {}),
         },
         "providers.local": {"kind": "local"},
