@@ -21,6 +21,7 @@ from gateway.appkeys import (
     ROUTER,
     SETTINGS,
     SIGNER,
+    WORKER,
 )
 from gateway.cluster.node import open_cluster
 from gateway.keepalive import KeepAlive
@@ -45,11 +46,13 @@ from gateway.thinking_signature import ThinkingSigner
 log = structlog.get_logger("gateway.app")
 
 
-def create_app(settings: Settings) -> web.Application:
+def create_app(settings: Settings, *, worker: int = 0) -> web.Application:
+    """`worker`: this process's index among `server.workers` (reported by /healthz)."""
     app = web.Application(
         middlewares=[error_middleware], client_max_size=settings.server.max_body_bytes
     )
     app[SETTINGS] = settings
+    app[WORKER] = worker
     app[METRICS] = Metrics()
     app[SIGNER] = thinking_signer(settings)
     app.on_response_prepare.append(add_request_id)

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
-from collections.abc import Callable, Sequence
-
-import structlog
-from aiohttp import web
+from collections.abc import Sequence
 
 from gateway.admin import keys_cli
-from gateway.app import create_app
-from gateway.http_server import GatewayRunner
 from gateway.logging import configure_logging
-from gateway.settings import Settings, load_settings
-
-log = structlog.get_logger("gateway.cli")
+from gateway.serve import serve_process
+from gateway.settings import load_settings
+from gateway.workers import serve_workers
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,55 +25,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def run_server(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM; then stop accepting, let streams finish within the grace
-    period, and close every resource."""
-    app = create_app(settings)
-    runner = GatewayRunner(
-        app,
-        handle_signals=False,
-        handler_cancellation=True,
-        shutdown_timeout=settings.server.grace_period_s,
-        access_log=None,
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, settings.server.host, settings.server.port)
-    await site.start()
-    log.info("listening", host=settings.server.host, port=settings.server.port)
-    unix_path = settings.cluster.internal_socket if settings.cluster.enabled else None
-    if unix_path is not None:
-        unix_path.unlink(missing_ok=True)  # left by a process that was killed
-        await web.UnixSite(runner, str(unix_path)).start()
-        log.info("listening", unix_socket=str(unix_path))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-        log.info("shutting_down", grace_period_s=settings.server.grace_period_s)
-    finally:
-        await runner.cleanup()
-
-
 def _serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.serve_config or args.config)
     flags = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if flags:  # command-line flags beat the file and the environment
         settings = settings.model_copy(update={"server": settings.server.model_copy(update=flags)})
-    configure_logging(settings.logging)
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(run_server(settings))
+    if settings.server.workers > 1:
+        configure_logging(settings.logging)
+        return serve_workers(settings)
+    serve_process(settings)
     return 0
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where it is installed (Linux, macOS): roughly twice the HTTP throughput."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def main(argv: Sequence[str] | None = None) -> int:

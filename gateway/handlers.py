@@ -8,7 +8,17 @@ from typing import Any
 from aiohttp import web
 
 from gateway.access import Principal
-from gateway.appkeys import ACCESS, BREAKERS, METRICS, PIPELINE, REDIS, ROUTER, SETTINGS, SIGNER
+from gateway.appkeys import (
+    ACCESS,
+    BREAKERS,
+    METRICS,
+    PIPELINE,
+    REDIS,
+    ROUTER,
+    SETTINGS,
+    SIGNER,
+    WORKER,
+)
 from gateway.errors import AuthenticationError, InvalidRequest
 from gateway.middleware import REQUEST_ID
 from gateway.wire.chat_request import parse_chat, parse_completion
@@ -115,7 +125,8 @@ async def root(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    """Liveness, and which serving process answered (`server.workers`)."""
+    return web.json_response({"status": "ok", "worker": request.app[WORKER]})
 
 
 async def readyz(request: web.Request) -> web.Response:

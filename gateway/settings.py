@@ -39,6 +39,9 @@ class ServerSettings(BaseModel):
     # A stream silent for this many seconds gets a keep-alive frame (an SSE comment; a
     # `response.in_progress` event on /v1/responses). Keep it below clients' read timeouts.
     keepalive_s: float = Field(default=5.0, gt=0)
+    # Serving processes on one port (SO_REUSEPORT: the kernel spreads connections over them).
+    # More than one needs Redis for shared state and no local engine (see gateway/workers.py).
+    workers: int = Field(default=1, ge=1, le=256)
 
 
 class RedisSettings(BaseModel):
@@ -275,6 +278,19 @@ class Settings(BaseSettings):
         for pattern, target in self.model_patterns.items():
             if target not in self.models:
                 raise ValueError(f"model pattern {pattern!r} names unknown model {target!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _one_engine(self) -> Settings:
+        """The in-process engine cannot be shared between serving processes yet: each worker
+        would load its own copy of the model."""
+        local = [n for n, p in self.providers.items() if p.kind == "local" and p.enabled]
+        if self.server.workers > 1 and local:
+            raise ValueError(
+                f"server.workers = {self.server.workers} cannot serve the local engine "
+                f"(provider {local[0]!r}): every worker would load its own copy of the model. "
+                "Use workers = 1 with a local engine, or disable the local provider."
+            )
         return self
 
     def live_providers(self) -> tuple[dict[str, ProviderSettings], dict[str, str]]:
