@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+@dataclass(frozen=True, slots=True)
+class RequestSeries:
+    """The labelled children one finished request updates (looked up once per label set)."""
+
+    requests: Any
+    latency: Any
+    ttft: Any
+    prompt_tokens: Any
+    completion_tokens: Any
+    cached_tokens: Any
+
+
 class Metrics:
     def __init__(self) -> None:
+        self._series: dict[tuple[str, str, str, str], RequestSeries] = {}
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -62,6 +78,23 @@ class Metrics:
             ["provider"],
             registry=r,
         )
+
+    def series(self, endpoint: str, model: str, provider: str, status: str) -> RequestSeries:
+        """The children for one label set, cached: `labels()` costs a lock and a dict build on
+        every call, and the label sets are bounded (models are counted by `Router.label`)."""
+        key = (endpoint, model, provider, status)
+        found = self._series.get(key)
+        if found is None:
+            tokens = self.tokens
+            found = self._series[key] = RequestSeries(
+                self.requests.labels(endpoint, model, provider, status),
+                self.latency.labels(endpoint, model),
+                self.ttft.labels(model, provider),
+                tokens.labels(model, provider, "prompt"),
+                tokens.labels(model, provider, "completion"),
+                tokens.labels(model, provider, "cached"),
+            )
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -332,16 +332,17 @@ class Pipeline:
         )
 
     async def _settle(self, grant: Grant, outcome: Outcome, wire: Wire) -> None:
-        model = grant.ticket.counted_model
-        m = self.metrics
-        m.requests.labels(wire.endpoint, model, outcome.provider, str(outcome.status)).inc()
-        m.latency.labels(wire.endpoint, model).observe(outcome.latency_ms / 1000)
+        series = self.metrics.series(
+            wire.endpoint, grant.ticket.counted_model, outcome.provider, str(outcome.status)
+        )
+        series.requests.inc()
+        series.latency.observe(outcome.latency_ms / 1000)
         if outcome.ttft_ms is not None:
-            m.ttft.labels(model, outcome.provider).observe(outcome.ttft_ms / 1000)
+            series.ttft.observe(outcome.ttft_ms / 1000)
         u = outcome.usage
-        m.tokens.labels(model, outcome.provider, "prompt").inc(u.prompt_tokens)
-        m.tokens.labels(model, outcome.provider, "completion").inc(u.completion_tokens)
-        m.tokens.labels(model, outcome.provider, "cached").inc(u.cached_prompt_tokens)
+        series.prompt_tokens.inc(u.prompt_tokens)
+        series.completion_tokens.inc(u.completion_tokens)
+        series.cached_tokens.inc(u.cached_prompt_tokens)
         try:
             await self.access.settle(grant, outcome)
         except Exception:

@@ -9,6 +9,7 @@ the engine and usage; nothing tokenizes it again), and asks the router seam for 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from gateway.access import Principal, require_model
 from gateway.errors import NotFound
@@ -25,6 +26,7 @@ class RoutePlanner:
         self.router = router
         self.decider = decider
         self.metrics = metrics
+        self._counters: dict[tuple[str, ...], Any] = {}
 
     async def plan(
         self, principal: Principal, chat: ChatRequest, protocol: str
@@ -49,14 +51,20 @@ class RoutePlanner:
 
     def count(self, decision: Decision, route: Route) -> None:
         """The Prometheus count of the decision applied (and of the shadow one, if any)."""
-        counter = self.metrics.routing_decisions
         thinking = on_off(decision.thinking_for(route))
-        counter.labels(route.provider_name, thinking, decision.reason_for(route), "applied").inc()
+        self._counter(route.provider_name, thinking, decision.reason_for(route), "applied").inc()
         shadow = decision.shadow
         if shadow is not None:
-            counter.labels(
+            self._counter(
                 route.provider_name, on_off(shadow.thinking), shadow.reason, "shadow"
             ).inc()
+
+    def _counter(self, *labels: str) -> Any:
+        """The labelled child, cached (reasons are a bounded set: gateway/routing/explain.py)."""
+        child = self._counters.get(labels)
+        if child is None:
+            child = self._counters[labels] = self.metrics.routing_decisions.labels(*labels)
+        return child
 
     def _resolve(self, model: str, principal: Principal) -> tuple[str, tuple[Route, ...]]:
         """The configured model served (a client's own id mapped by `model_patterns`, else the
