@@ -44,14 +44,16 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.http_load import Bench, Burst, Endpoint, Level  # noqa: E402
+from benchmarks.http_load import Bench, Burst, Endpoint, Level, rss_mb  # noqa: E402
 from gateway.keys.records import KeyCreate  # noqa: E402
 from gateway.keys.store import KeyStore  # noqa: E402
 from tests.mock_upstream import MockUpstream  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 CONCURRENCY = (1, 16, 64)
-PATHS = ("direct", "open", "keyed")
+IDLE_RSS_MB: list[float] = []
+LOAD: list[tuple[float, float, float]] = []  # the open gateway's, once ready and before any request
+PATHS = ("direct", "open", "keyed", "keyed2")  # keyed2: the keyed gateway with 2 workers
 
 
 def _free_port() -> int:
@@ -98,11 +100,11 @@ class Target:
 
     @property
     def _digits(self) -> int:
-        return 3 if self.unit == " ms" else 1
+        return {" ms": 3, "x": 2}.get(self.unit, 1)
 
 
 def _start_gateway(
-    mock_url: str, chunks: int, keyed: bool, prefix: str
+    mock_url: str, chunks: int, keyed: bool, prefix: str, workers: int = 1
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     config = Path(tempfile.mkdtemp()) / "bench.toml"
@@ -110,6 +112,7 @@ def _start_gateway(
 [server]
 host = "127.0.0.1"
 port = {port}
+workers = {workers}
 [redis]
 url = "{REDIS_URL}"
 embedded = false
@@ -180,7 +183,7 @@ def _median_burst(rounds: Rounds, label: str, level: Level) -> Burst:
 def _print_table(rounds: Rounds, levels: list[Level]) -> None:
     print(
         f"\n{'path':8} {'conc':>4} {'mode':6} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'added p50':>10} {'gw cpu ms/req':>14} {'redis cpu ms/req':>17}"
+        f"{'added p50':>10} {'gw cpu ms/req':>14} {'redis cpu ms/req':>17} {'req/s vs direct':>16}"
     )
     for label in PATHS:
         for level in levels:
@@ -192,9 +195,10 @@ def _print_table(rounds: Rounds, levels: list[Level]) -> None:
             ]
             added_s = f"{statistics.median(added):10.3f}" if added else ""
             cpu = "" if b.gateway_cpu_ms is None else f"{b.gateway_cpu_ms:14.3f}"
+            ratio = b.rps / _median_burst(rounds, "direct", level).rps
             print(
                 f"{label:8} {level.concurrency:4d} {level.mode:6} {b.rps:9.0f} {b.p50_ms:8.3f} "
-                f"{b.p99_ms:8.3f} {added_s:>10} {cpu:>14} {b.redis_cpu_ms:17.3f}"
+                f"{b.p99_ms:8.3f} {added_s:>10} {cpu:>14} {b.redis_cpu_ms:17.3f} {ratio:16.2f}"
             )
 
 
@@ -248,6 +252,59 @@ def _targets(rounds: Rounds, chunks: int) -> list[Target]:
     return targets
 
 
+def _issue14_targets(rounds: Rounds) -> list[Target]:
+    """CPU per request at c=64 (where the machine is saturated and CPU bounds throughput; the
+    gateway's own process, Redis added for keyed), added p50 at one client, idle memory, and
+    keyed throughput with 2 workers against 1."""
+    json64, stream64, json1 = Level(64, False), Level(64, True), Level(1, False)
+
+    def cpu(r: dict[tuple[str, Level], Burst], label: str, level: Level, redis: bool) -> float:
+        b = r[(label, level)]
+        return (b.gateway_cpu_ms or 0.0) + (b.redis_cpu_ms if redis else 0.0)
+
+    def peak(r: dict[tuple[str, Level], Burst], label: str) -> float:
+        return max(r[(label, Level(c, False))].rps for c in CONCURRENCY)
+
+    return [
+        Target(
+            "[open] CPU per json request",
+            " ms",
+            0.35,
+            True,
+            [cpu(r, "open", json64, False) for r in rounds],
+        ),
+        Target(
+            "[open] CPU per 20-chunk stream",
+            " ms",
+            0.5,
+            True,
+            [cpu(r, "open", stream64, False) for r in rounds],
+        ),
+        Target(
+            "[keyed] CPU per json request, gateway + Redis",
+            " ms",
+            0.5,
+            True,
+            [cpu(r, "keyed", json64, True) for r in rounds],
+        ),
+        Target(
+            "[keyed] added p50 at c=1",
+            " ms",
+            0.5,
+            True,
+            [r[("keyed", json1)].p50_ms - r[("direct", json1)].p50_ms for r in rounds],
+        ),
+        Target("idle memory of the open gateway (no engine)", " MB", 80, True, IDLE_RSS_MB),
+        Target(
+            "[keyed] peak json throughput, 2 workers / 1 worker",
+            "x",
+            1.6,
+            False,
+            [peak(r, "keyed2") / peak(r, "keyed") for r in rounds],
+        ),
+    ]
+
+
 def _print_cpu_cost(rounds: Rounds) -> None:
     """What keys cost in CPU per request, gateway and Redis together: a steadier figure than
     throughput, and what bounds it once the machine is saturated."""
@@ -266,10 +323,15 @@ def _print_cpu_cost(rounds: Rounds) -> None:
 async def _gateway(
     label: str, mock_url: str, prefix: str, chunks: int, redis: Redis
 ) -> tuple[subprocess.Popen[bytes], Endpoint]:
-    proc, root = _start_gateway(mock_url, chunks, label == "keyed", prefix)
+    keyed = label.startswith("keyed")
+    workers = 2 if label == "keyed2" else 1
+    proc, root = _start_gateway(mock_url, chunks, keyed, prefix, workers)
     await _wait_ready(root)
+    if label == "open":
+        await asyncio.sleep(1.0)  # settled after start-up, before a request: its idle memory
+        IDLE_RSS_MB.append(rss_mb(proc.pid))
     headers = {"Content-Type": "application/json"}
-    if label == "keyed":
+    if keyed:
         headers["Authorization"] = f"Bearer {await _high_limit_key(redis, prefix)}"
     return proc, Endpoint(label, f"{root}/v1/chat/completions", headers, "bench", proc.pid)
 
@@ -286,7 +348,7 @@ async def _run(args: argparse.Namespace, mock_url: str, redis: Redis, prefix: st
     bench = Bench(redis, args.chunks, args.requests)
     try:
         paths = {"direct": direct}
-        for label in ("open", "keyed"):
+        for label in PATHS[1:]:
             proc, path = await _gateway(label, mock_url, prefix, args.chunks, redis)
             procs.append(proc)
             paths[label] = path
@@ -318,6 +380,7 @@ async def main() -> None:
     parser.add_argument("--chunks", type=int, default=20, help="chunks per streamed answer")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; medians reported")
     args = parser.parse_args()
+    LOAD.append(os.getloadavg())
 
     ctx = mp.get_context("spawn")
     queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
@@ -342,6 +405,9 @@ async def main() -> None:
     _print_cpu_cost(rounds)
     print("\nTargets (median over rounds, and the range of the per-round figures):")
     for target in _targets(rounds, args.chunks):
+        print(target.line())
+    print(f"\nIssue 14 targets (load average before/after: {LOAD[0]} / {os.getloadavg()}):")
+    for target in _issue14_targets(rounds):
         print(target.line())
 
 
