@@ -15,6 +15,10 @@ streamed). So a `KeptAliveStream`:
 One timer per stream does it; a frame written costs one clock read. A keep-alive frame is
 encoded and handed to the transport in one step of a task of its own, so frames (and a
 protocol's sequence numbers) stay in order.
+
+Frames are queued with `send` and go out when the handler next waits (a callback of the same
+loop turn writes them): frames that are ready together (the several chunks of one upstream read)
+cost one write and one system call instead of one each, and no frame waits for a later one.
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ class KeptAliveStream:
         self._committed = False  # the headers are sent or being sent
         self._opened = False  # the headers and opening frames are written
         self._task: asyncio.Task[None] | None = None  # the timer's opening or keep-alive write
+        self._pending: list[bytes] = []  # frames sent, not yet written
+        self._writing: asyncio.Task[None] | None = None  # the last write of queued frames
+        self._failed: BaseException | None = None  # why that write failed (the client left)
+        self._closed = False
         self._broken: Exception | None = None  # why the timer could not open the stream
         self._timer: asyncio.TimerHandle | None = self._loop.call_later(
             timing.headers_after_s, self._tick
@@ -95,11 +103,56 @@ class KeptAliveStream:
         self._last = self._loop.time()
         return self._response.write(frame)
 
+    def send(self, frame: bytes) -> Awaitable[None] | None:
+        """Queue `frame`; the frames queued before the handler next waits go out as one write.
+        Returns the earlier write when it is still waiting for the client to read (await it:
+        backpressure), else None. Raises what broke an earlier write."""
+        if self._failed is not None:
+            raise self._failed
+        self._last = self._loop.time()
+        self._pending.append(frame)
+        if len(self._pending) == 1:
+            self._loop.call_soon(self._write_pending)
+        writing = self._writing
+        return writing if writing is not None and not writing.done() else None
+
+    async def flush(self, frame: bytes = b"") -> None:
+        """Write the queued frames and `frame` now, after any write in flight."""
+        if self._writing is not None and not self._writing.done():
+            await self._writing
+        if self._failed is not None:
+            raise self._failed
+        self._pending.append(frame)
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if data:
+            await self.write(data)
+
+    def _write_pending(self) -> None:
+        if self._closed or not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        self._writing = self._loop.create_task(self._write_queued(data))
+
+    async def _write_queued(self, data: bytes) -> None:
+        try:
+            await self._response.write(data)
+        except Exception as exc:  # the client left: the next send raises it to the handler
+            self._failed = exc
+
     async def close(self) -> None:
-        """Stop the timer and any keep-alive write in flight (the stream is over)."""
+        """Stop the timer and any write in flight (the stream is over); drop unwritten frames
+        (the handler was cancelled)."""
+        self._closed = True
+        self._pending.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        writing = self._writing
+        if writing is not None and not writing.done():
+            writing.cancel()
+            await asyncio.wait((writing,))
         task = self._task
         if task is not None and not task.done():
             task.cancel()

@@ -258,9 +258,9 @@ class Pipeline:
             await stream.open()
             async for event in events:
                 frame = encoder.encode(event)
-                if frame is not None:
-                    await stream.write(frame)
-            await stream.write(b"".join(encoder.close()))
+                if frame is not None and (busy := stream.send(frame)) is not None:
+                    await busy
+            await stream.flush(b"".join(encoder.close()))
         except (perr.ProviderError, GatewayError) as exc:
             # Every route failed, or the answer broke off: once the headers are out, the error
             # can only be reported in the stream, in the protocol's own way, and it is recorded
@@ -271,7 +271,7 @@ class Pipeline:
             detail = exc.detail if isinstance(exc, perr.ProviderError) else ""
             log.warning("stream_failed", code=err.code, error=err.message, detail=detail)
             await stream.open()
-            await stream.write(encoder.fail(err))
+            await stream.flush(encoder.fail(err))
             tally.finish, tally.failure = None, err
             tally.failed = isinstance(exc, perr.ProviderError) and exc.retryable
         finally:
