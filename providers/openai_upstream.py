@@ -114,6 +114,9 @@ class OpenAIUpstream:
                 connector=aiohttp.TCPConnector(limit=config.max_connections),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s),
                 headers=headers,
+                # No cookies: one session serves every user, and the jar costs a filter pass
+                # on every request.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 
