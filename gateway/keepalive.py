@@ -50,10 +50,18 @@ class KeepAlive:
     interval_s: float = 5.0
 
 
+class EventStreamResponse(web.StreamResponse):
+    """A stream response whose headers go out with its first bytes (the opening frames, which
+    `KeptAliveStream` writes right after `prepare`): one write instead of two. aiohttp's own
+    `Response` buffers its headers the same way."""
+
+    _send_headers_immediately = False
+
+
 class KeptAliveStream:
     """Wraps one prepared-on-demand `StreamResponse`. Call `open` before the first frame (it
-    is a no-op when the timer already opened the stream), write frames with `write`, and
-    `close` once in a `finally`."""
+    is a no-op when the timer already opened the stream), queue frames with `send`, end the
+    response with `finish`, and `close` once in a `finally`."""
 
     def __init__(
         self,
@@ -116,8 +124,9 @@ class KeptAliveStream:
         writing = self._writing
         return writing if writing is not None and not writing.done() else None
 
-    async def flush(self, frame: bytes = b"") -> None:
-        """Write the queued frames and `frame` now, after any write in flight."""
+    async def finish(self, frame: bytes = b"") -> None:
+        """Write the queued frames and `frame` after any write in flight, and end the
+        response, in one write (the last chunk and the chunked body's terminator)."""
         if self._writing is not None and not self._writing.done():
             await self._writing
         if self._failed is not None:
@@ -125,8 +134,8 @@ class KeptAliveStream:
         self._pending.append(frame)
         data = b"".join(self._pending)
         self._pending.clear()
-        if data:
-            await self.write(data)
+        self._last = self._loop.time()
+        await self._response.write_eof(data)
 
     def _write_pending(self) -> None:
         if self._closed or not self._pending:

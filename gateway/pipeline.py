@@ -21,7 +21,7 @@ from aiohttp import web
 from gateway.access import AccessControl, Grant, Outcome, Principal, Ticket
 from gateway.errors import GatewayError, ServiceUnavailable, provider_error_to_gateway
 from gateway.event_tally import Tally, empty, prepend, without_reasoning
-from gateway.keepalive import KeepAlive, KeptAliveStream
+from gateway.keepalive import EventStreamResponse, KeepAlive, KeptAliveStream
 from gateway.metrics import Metrics
 from gateway.middleware import REQUEST_ID
 from gateway.output_limits import OutputLimits
@@ -238,7 +238,7 @@ class Pipeline:
         sampling: Sampling,
         tally: Tally,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(
+        resp = EventStreamResponse(
             headers={
                 **grant.headers,
                 "Content-Type": "text/event-stream; charset=utf-8",
@@ -260,7 +260,7 @@ class Pipeline:
                 frame = encoder.encode(event)
                 if frame is not None and (busy := stream.send(frame)) is not None:
                     await busy
-            await stream.flush(b"".join(encoder.close()))
+            await stream.finish(b"".join(encoder.close()))
         except (perr.ProviderError, GatewayError) as exc:
             # Every route failed, or the answer broke off: once the headers are out, the error
             # can only be reported in the stream, in the protocol's own way, and it is recorded
@@ -271,7 +271,7 @@ class Pipeline:
             detail = exc.detail if isinstance(exc, perr.ProviderError) else ""
             log.warning("stream_failed", code=err.code, error=err.message, detail=detail)
             await stream.open()
-            await stream.flush(encoder.fail(err))
+            await stream.finish(encoder.fail(err))
             tally.finish, tally.failure = None, err
             tally.failed = isinstance(exc, perr.ProviderError) and exc.retryable
         finally:
