@@ -23,7 +23,11 @@ class _StructlogHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-
     """The root handler this module installs (replaced, never stacked, on reconfiguration)."""
 
 
-def configure_logging(settings: LoggingSettings, stream: TextIO | None = None) -> None:
+def configure_logging(
+    settings: LoggingSettings, stream: TextIO | None = None, *, cache: bool = False
+) -> None:
+    """`cache`: each logger keeps the configuration it first logged with (a serving process,
+    configured once: a log call then builds no logger; tests that reconfigure leave it off)."""
     level = getattr(logging, settings.level.upper())
     out = stream or sys.stderr
     renderer: structlog.typing.Processor = (
@@ -41,7 +45,7 @@ def configure_logging(settings: LoggingSettings, stream: TextIO | None = None) -
         processors=[*shared, structlog.processors.format_exc_info, redact_event, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(out),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=cache,
     )
     handler = _StructlogHandler(out)
     handler.setFormatter(

@@ -52,7 +52,7 @@ async def run_server(settings: Settings, *, worker: int = 0, reuse_port: bool = 
 
 def serve_process(settings: Settings, *, worker: int = 0, reuse_port: bool = False) -> None:
     """This process serves until it is told to stop (logging configured, uvloop if present)."""
-    configure_logging(settings.logging)
+    configure_logging(settings.logging, cache=True)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(run_server(settings, worker=worker, reuse_port=reuse_port))
 
