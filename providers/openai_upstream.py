@@ -39,6 +39,7 @@ from providers.errors import (
     UpstreamUnavailable,
 )
 from providers.openai_wire import ChunkDecoder, ThinkingStyle, build_body, error_message
+from providers.read_deadline import ReadDeadline
 from providers.sse import SSEEvent, SSEParser
 from providers.types import ChatRequest, Event
 
@@ -142,6 +143,7 @@ class OpenAIUpstream:
         url, body = self._request(request, config.stream_upstream or request.stream)
         deadline = asyncio.get_running_loop().time() + config.first_byte_timeout_s
         resp = await self._post(url, body, deadline, self._account_headers(request))
+        reads = ReadDeadline()
         try:  # closing a fully read response leaves its connection in the pool
             if resp.status >= 400:
                 raise await self._http_error(resp)
@@ -156,7 +158,7 @@ class OpenAIUpstream:
             parser = SSEParser()
             first_data_by: float | None = deadline  # None once data flows: idle timeouts apply
             while True:
-                chunk = await self._read_chunk(resp, first_data_by)
+                chunk = await self._read_chunk(resp, reads, first_data_by)
                 frames = parser.feed(chunk) if chunk else parser.flush()
                 if frames:
                     first_data_by = None
@@ -181,17 +183,19 @@ class OpenAIUpstream:
                         await self._drain(resp)
                     return
         finally:
+            reads.close()
             resp.close()
 
-    async def _read_chunk(self, resp: aiohttp.ClientResponse, first_data_by: float | None) -> bytes:
+    async def _read_chunk(
+        self, resp: aiohttp.ClientResponse, reads: ReadDeadline, first_data_by: float | None
+    ) -> bytes:
         """The next body bytes (b"" at the end), within the first-data deadline or idle timeout."""
         if first_data_by is None:
             timeout_at = asyncio.get_running_loop().time() + self._config.idle_timeout_s
         else:
             timeout_at = first_data_by
         try:
-            async with asyncio.timeout_at(timeout_at):
-                return await resp.content.readany()
+            return await reads.read(resp.content.readany(), timeout_at)
         except TimeoutError:
             raise self._timeout("idle" if first_data_by is None else "first byte") from None
         except aiohttp.ClientError as exc:
