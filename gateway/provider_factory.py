@@ -34,6 +34,8 @@ def upstream_config(name: str, settings: ProviderSettings) -> UpstreamConfig:
         connect_timeout_s=settings.connect_timeout_s,
         first_byte_timeout_s=settings.first_byte_timeout_s,
         idle_timeout_s=settings.idle_timeout_s,
+        answer_timeout_s=settings.answer_timeout_s,
+        stream_upstream=settings.stream_upstream,
         max_connections=settings.max_connections,
         headers=dict(settings.headers),
     )

@@ -39,8 +39,7 @@ class ServerSettings(BaseModel):
     # A stream silent for this many seconds gets a keep-alive frame (an SSE comment; a
     # `response.in_progress` event on /v1/responses). Keep it below clients' read timeouts.
     keepalive_s: float = Field(default=5.0, gt=0)
-    # Serving processes on one port (SO_REUSEPORT: the kernel spreads connections over them).
-    # More than one needs Redis for shared state and no local engine (see gateway/workers.py).
+    # Serving processes on one port (SO_REUSEPORT); no local engine with more than one.
     workers: int = Field(default=1, ge=1, le=256)
 
 
@@ -117,6 +116,9 @@ class ProviderSettings(BaseModel):
     connect_timeout_s: float = Field(default=10.0, gt=0)
     first_byte_timeout_s: float = Field(default=120.0, gt=0)
     idle_timeout_s: float = Field(default=120.0, gt=0)
+    # A JSON client's answer, non-streamed upstream unless stream_upstream (openai_upstream.py).
+    answer_timeout_s: float = Field(default=600.0, gt=0)
+    stream_upstream: bool = False
     max_connections: int = Field(default=256, gt=0)
     headers: dict[str, str] = Field(default_factory=dict)
     # Provider-side model names or glob patterns (`deepseek-*`, `*`) that clients may address
@@ -282,14 +284,12 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_engine(self) -> Settings:
-        """The in-process engine cannot be shared between serving processes yet: each worker
-        would load its own copy of the model."""
+        """Workers cannot share the in-process engine yet (each would load the model)."""
         local = [n for n, p in self.providers.items() if p.kind == "local" and p.enabled]
         if self.server.workers > 1 and local:
             raise ValueError(
                 f"server.workers = {self.server.workers} cannot serve the local engine "
-                f"(provider {local[0]!r}): every worker would load its own copy of the model. "
-                "Use workers = 1 with a local engine, or disable the local provider."
+                f"(provider {local[0]!r}): each worker would load the model; use workers = 1"
             )
         return self
 

@@ -1,28 +1,30 @@
 """An upstream that speaks the OpenAI API (TaoToken, DeepSeek, OpenAI, vLLM, SGLang).
 
 One `aiohttp.ClientSession` per provider, opened by `open()` (or on first use) and closed by
-`close()`. Requests are streamed from the upstream by default (`stream_upstream`), also for a
-client that asked for one JSON body: the first-byte and idle timeouts then guard every wait and
-usage comes from `stream_options.include_usage`. A JSON answer is parsed too.
+`close()`. A streaming client's request is streamed from the upstream; a client that asked for
+one JSON body gets one from the upstream too, unless `stream_upstream` is set.
+
+Why: each chunk of a streamed answer costs a read, an SSE parse and a JSON decode (a third of
+the gateway's CPU per request on 20-chunk answers); what streaming bought a JSON client is a
+sooner verdict on a stalled upstream (idle and first-byte timeouts). A JSON answer must instead
+be complete within `answer_timeout_s` (600 s, the openai SDKs' own default timeout).
 
 Timeouts: `connect_timeout_s` for the TCP/TLS connect; `first_byte_timeout_s` from sending the
 request until the first SSE data frame (keep-alive comments do not count: a queue that never
-serves us is a failure the router can route around); `idle_timeout_s` between reads after that.
+serves us is a failure the router can route around); `idle_timeout_s` between reads after that;
+`answer_timeout_s` from sending a non-streamed request until its whole answer is read.
 
 The gateway builds `UpstreamConfig` from its `ProviderSettings` (providers/ does not import the
 gateway): name = the provider's key in settings, base_url, api_key = settings.api_key(),
-thinking_style, send_reasoning_history, connect/first_byte/idle timeouts, max_connections and
-headers map one to one; the remaining fields keep their defaults unless the gateway has better.
+thinking_style, send_reasoning_history, the timeouts, max_connections, headers and stream_upstream
+map one to one; the remaining fields keep their defaults unless the gateway has better.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
 import aiohttp
@@ -32,9 +34,6 @@ from providers.affinity import conversation_key, pick
 from providers.base import ModelCard
 from providers.errors import (
     ProviderError,
-    UpstreamAuthError,
-    UpstreamBadRequest,
-    UpstreamRateLimited,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
@@ -42,6 +41,7 @@ from providers.openai_wire import ChunkDecoder, ThinkingStyle, build_body, error
 from providers.read_deadline import ReadDeadline
 from providers.sse import SSEEvent, SSEParser
 from providers.types import ChatRequest, Event
+from providers.upstream_errors import clip, describe, http_error
 
 # How long to wait, after `[DONE]`, for the end of the body before closing the connection.
 _DRAIN_TIMEOUT_S = 1.0
@@ -72,12 +72,13 @@ class UpstreamConfig:
     connect_timeout_s: float = 10.0
     first_byte_timeout_s: float = 120.0
     idle_timeout_s: float = 120.0
+    answer_timeout_s: float = 600.0
     models_timeout_s: float = 10.0
     health_timeout_s: float = 3.0
     max_connections: int = 256
     headers: Mapping[str, str] = field(default_factory=dict)
     models: tuple[str, ...] = ()
-    stream_upstream: bool = True
+    stream_upstream: bool = False  # stream from the upstream for JSON clients too
 
 
 class OpenAIUpstream:
@@ -140,9 +141,12 @@ class OpenAIUpstream:
 
     async def chat(self, request: ChatRequest) -> AsyncGenerator[Event, None]:
         config = self._config
-        url, body = self._request(request, config.stream_upstream or request.stream)
-        deadline = asyncio.get_running_loop().time() + config.first_byte_timeout_s
-        resp = await self._post(url, body, deadline, self._account_headers(request))
+        streamed = config.stream_upstream or request.stream
+        url, body = self._request(request, streamed)
+        now = asyncio.get_running_loop().time()
+        deadline = now + (config.first_byte_timeout_s if streamed else config.answer_timeout_s)
+        waiting_for = "first byte" if streamed else "answer"
+        resp = await self._post(url, body, deadline, self._account_headers(request), waiting_for)
         reads = ReadDeadline()
         try:  # closing a fully read response leaves its connection in the pool
             if resp.status >= 400:
@@ -150,7 +154,9 @@ class OpenAIUpstream:
             decoder = self._decoder()
             out: list[Event] = []
             if resp.content_type != "text/event-stream":
-                decoder.feed(await self._read_json(resp, deadline), out)
+                # A JSON answer to a streamed request: its body is read like one chunk.
+                by = deadline + config.idle_timeout_s if streamed else deadline
+                decoder.feed(await self._read_json(resp, by, "idle" if streamed else "answer"), out)
                 decoder.end(out)
                 for event in out:
                     yield event
@@ -223,7 +229,7 @@ class OpenAIUpstream:
             if frame.event == "error":
                 raise UpstreamUnavailable(
                     f"Provider '{self.name}' reported an error while answering: "
-                    + _clip(error_message(chunk) if chunk is not None else data),
+                    + clip(error_message(chunk) if chunk is not None else data),
                     provider=self.name,
                 )
             if not isinstance(chunk, dict):
@@ -245,8 +251,14 @@ class OpenAIUpstream:
         return {**_JSON_HEADERS, "Authorization": f"Bearer {accounts[i][1]}"}
 
     async def _post(
-        self, url: str, body: dict[str, Any], deadline: float, headers: Mapping[str, str]
+        self,
+        url: str,
+        body: dict[str, Any],
+        deadline: float,
+        headers: Mapping[str, str],
+        waiting_for: str,
     ) -> aiohttp.ClientResponse:
+        """The response's status and headers, by `deadline` (else the `waiting_for` timeout)."""
         session = self._open_session()
         try:
             async with asyncio.timeout_at(deadline):
@@ -254,20 +266,22 @@ class OpenAIUpstream:
         except aiohttp.ConnectionTimeoutError:
             raise self._timeout("connect") from None
         except TimeoutError:
-            raise self._timeout("first byte") from None
+            raise self._timeout(waiting_for) from None
         except aiohttp.ClientError as exc:
             raise UpstreamUnavailable(
                 f"Provider '{self.name}' could not be reached.",
                 provider=self.name,
-                detail=_describe(exc),
+                detail=describe(exc),
             ) from exc
 
-    async def _read_json(self, resp: aiohttp.ClientResponse, deadline: float) -> dict[str, Any]:
+    async def _read_json(
+        self, resp: aiohttp.ClientResponse, deadline: float, waiting_for: str
+    ) -> dict[str, Any]:
         try:
-            async with asyncio.timeout_at(deadline + self._config.idle_timeout_s):
+            async with asyncio.timeout_at(deadline):
                 raw = await resp.read()
         except TimeoutError:
-            raise self._timeout("idle") from None
+            raise self._timeout(waiting_for) from None
         except aiohttp.ClientError as exc:
             raise self._broken(exc) from exc
         try:
@@ -299,6 +313,8 @@ class OpenAIUpstream:
             f"{config.first_byte_timeout_s:g} s (first byte timeout).",
             "idle": f"{who} went silent for {config.idle_timeout_s:g} s in the middle of its "
             "answer (idle timeout).",
+            "answer": f"{who} did not complete its answer within {config.answer_timeout_s:g} s "
+            "(answer timeout).",
         }.get(what, f"{who} did not answer in time ({what}).")
         return UpstreamTimeout(message, provider=self.name)
 
@@ -306,7 +322,7 @@ class OpenAIUpstream:
         return UpstreamUnavailable(
             f"Provider '{self.name}' broke off its answer before the end.",
             provider=self.name,
-            detail=_describe(exc) if exc is not None else "the body ended without [DONE]",
+            detail=describe(exc) if exc is not None else "the body ended without [DONE]",
         )
 
     async def models(self) -> list[ModelCard]:
@@ -327,7 +343,7 @@ class OpenAIUpstream:
             raise UpstreamUnavailable(
                 f"Provider '{self.name}' could not list its models.",
                 provider=self.name,
-                detail=_describe(exc),
+                detail=describe(exc),
             ) from exc
         return [
             ModelCard(str(m["id"]), str(m.get("owned_by") or self.name), int(m.get("created") or 0))
@@ -346,60 +362,3 @@ class OpenAIUpstream:
                 return resp.status == 200
         except (TimeoutError, aiohttp.ClientError, ProviderError):
             return False
-
-
-def http_error(provider: str, status: int, message: str, retry_after: str | None) -> ProviderError:
-    """The ProviderError for an upstream HTTP error status."""
-    seconds = parse_retry_after(retry_after)
-    common: dict[str, Any] = {"provider": provider, "upstream_status": status}
-    who, said = f"Provider '{provider}'", _clip(message)
-    if status in (401, 403):
-        return UpstreamAuthError(
-            f"{who} rejected the gateway's own credentials (HTTP {status}); the gateway's "
-            "operator needs to fix its API key.",
-            detail=said,
-            **common,
-        )
-    if status == 429:
-        return UpstreamRateLimited(
-            f"{who} is rate limiting the gateway" + (f": {said}" if said else "."),
-            retry_after=seconds,
-            **common,
-        )
-    if status in (408, 504):
-        return UpstreamTimeout(f"{who} timed out (HTTP {status}).", detail=said, **common)
-    if status in (400, 404, 413, 422):
-        return UpstreamBadRequest(
-            f"{who} rejected the request: {said or f'HTTP {status}'}", **common
-        )
-    return UpstreamUnavailable(
-        f"{who} failed with HTTP {status}" + (f": {said}" if said else "."),
-        retry_after=seconds,
-        **common,
-    )
-
-
-def _clip(message: str, limit: int = 300) -> str:
-    """An upstream's own message, trimmed for the client."""
-    message = message.strip()
-    return message if len(message) <= limit else message[: limit - 3] + "..."
-
-
-def _describe(exc: BaseException) -> str:
-    """A library exception, for the logs."""
-    return f"{type(exc).__name__}: {exc}"
-
-
-def parse_retry_after(value: str | None) -> int | None:
-    """Whole seconds from a Retry-After header (seconds or an HTTP date); None if absent/bad."""
-    if not value:
-        return None
-    try:
-        return max(math.ceil(float(value)), 0)
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(math.ceil(when.timestamp() - time.time()), 0)

@@ -184,6 +184,13 @@ def gateway_settings(mock: MockUpstream, prefix: str, **overrides: Any) -> Setti
                 "base_url": mock.base_url,
                 "first_byte_timeout_s": 0.3,
                 "idle_timeout_s": 0.3,
+                "stream_upstream": True,  # JSON clients too: their first-byte and idle timeouts
+                "direct_models": ["*"],
+            },
+            "hasty": {  # JSON clients' answers come non-streamed, within answer_timeout_s
+                "kind": "openai",
+                "base_url": mock.base_url,
+                "answer_timeout_s": 0.3,
                 "direct_models": ["*"],
             },
             "refused": {

@@ -45,6 +45,11 @@ def plain(message: str, provider: str) -> None:
             504,
             "Provider 'impatient' did not start its answer within 0.3 s (first byte timeout).",
         ),
+        (
+            "hasty/hang",
+            504,
+            "Provider 'hasty' did not complete its answer within 0.3 s (answer timeout).",
+        ),
     ],
 )
 async def test_failures_before_the_answer(

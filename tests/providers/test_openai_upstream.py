@@ -20,7 +20,7 @@ from providers.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from providers.openai_upstream import OpenAIUpstream, UpstreamConfig, parse_retry_after
+from providers.openai_upstream import OpenAIUpstream, UpstreamConfig
 from providers.types import (
     ChatRequest,
     Event,
@@ -33,6 +33,7 @@ from providers.types import (
     ToolCallDelta,
     Usage,
 )
+from providers.upstream_errors import parse_retry_after
 from tests.mock_upstream import REASONING_TEXT, SCENARIOS, MockUpstream, prompt_tokens
 
 Factory = Callable[..., OpenAIUpstream]
@@ -101,6 +102,17 @@ async def test_non_streaming_upstream(make: Factory, mock_upstream: MockUpstream
         Finish("stop"),
         Usage(prompt_tokens=prompt_tokens(body), completion_tokens=len(USER_TEXT.split())),
     ]
+
+
+async def test_stream_upstream_streams_a_json_clients_answer_too(
+    make: Factory, mock_upstream: MockUpstream
+) -> None:
+    request = ChatRequest(model="echo", messages=(Message("user", USER_TEXT),))
+    events = await collect(make(stream_upstream=True), request)
+    body = mock_upstream.requests[-1].body
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert text_of(events) == USER_TEXT
 
 
 async def test_json_answer_to_a_stream_request(make: Factory) -> None:

@@ -1,0 +1,75 @@
+"""Upstream HTTP failures as ProviderErrors: the status mapped to the error a client can act
+on, the upstream's own message trimmed, and Retry-After in whole seconds."""
+
+from __future__ import annotations
+
+import math
+import time
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from providers.errors import (
+    ProviderError,
+    UpstreamAuthError,
+    UpstreamBadRequest,
+    UpstreamRateLimited,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+
+
+def http_error(provider: str, status: int, message: str, retry_after: str | None) -> ProviderError:
+    """The ProviderError for an upstream HTTP error status."""
+    seconds = parse_retry_after(retry_after)
+    common: dict[str, Any] = {"provider": provider, "upstream_status": status}
+    who, said = f"Provider '{provider}'", clip(message)
+    if status in (401, 403):
+        return UpstreamAuthError(
+            f"{who} rejected the gateway's own credentials (HTTP {status}); the gateway's "
+            "operator needs to fix its API key.",
+            detail=said,
+            **common,
+        )
+    if status == 429:
+        return UpstreamRateLimited(
+            f"{who} is rate limiting the gateway" + (f": {said}" if said else "."),
+            retry_after=seconds,
+            **common,
+        )
+    if status in (408, 504):
+        return UpstreamTimeout(f"{who} timed out (HTTP {status}).", detail=said, **common)
+    if status in (400, 404, 413, 422):
+        return UpstreamBadRequest(
+            f"{who} rejected the request: {said or f'HTTP {status}'}", **common
+        )
+    return UpstreamUnavailable(
+        f"{who} failed with HTTP {status}" + (f": {said}" if said else "."),
+        retry_after=seconds,
+        **common,
+    )
+
+
+def clip(message: str, limit: int = 300) -> str:
+    """An upstream's own message, trimmed for the client."""
+    message = message.strip()
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def describe(exc: BaseException) -> str:
+    """A library exception, for the logs."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def parse_retry_after(value: str | None) -> int | None:
+    """Whole seconds from a Retry-After header (seconds or an HTTP date); None if absent/bad."""
+    if not value:
+        return None
+    try:
+        return max(math.ceil(float(value)), 0)
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(math.ceil(when.timestamp() - time.time()), 0)
