@@ -14,9 +14,17 @@ its round; the figures printed are medians over the rounds, with the range of th
 figures beside the targets. CPU seconds per request of each gateway process and of Redis (INFO
 cpu) are measured per burst: they drift far less than wall-clock figures.
 
-Targets (2-core machine): added p50 < 1 ms at concurrency 1; >= 1,500 non-streaming requests/s
-through one gateway process; streaming adds < 50 us per chunk; with keys, auth + admission +
-settlement add < 0.5 ms p50 at concurrency 1 and throughput drops < 20% against `open`.
+A fourth path, `keyed2`, is the keyed gateway run with `[server] workers = 2` (its CPU is the
+supervisor's and its workers'). The open gateway's idle memory is read once it is ready.
+
+Issue-14 targets, printed last: CPU per request at c=64 (auth off: <= 0.35 ms JSON, <= 0.5 ms per
+20-chunk stream; keyed with every limit on: <= 0.5 ms JSON including Redis's CPU), keyed added
+p50 at one client <= 0.5 ms, idle memory <= 80 MB, keyed peak throughput with 2 workers >= 1.6x
+one worker's. The machine's load average is printed beside them.
+
+Earlier targets (2-core machine): added p50 < 1 ms at concurrency 1; >= 1,500 non-streaming
+requests/s through one gateway process; streaming adds < 50 us per chunk; with keys, auth +
+admission + settlement add < 0.5 ms p50 at concurrency 1 and throughput drops < 20% against `open`.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--requests 1500] [--chunks 20] [--rounds 5]
 """
