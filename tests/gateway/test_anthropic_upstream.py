@@ -79,7 +79,8 @@ async def test_messages_pass_through_with_the_upstreams_signatures(
         headers, sent = mock_anthropic.requests[-1]
         assert headers["x-api-key"] == mock_anthropic.api_key
         assert headers["anthropic-version"] == "2023-06-01"
-        assert sent == {**body, **extra, "model": "think", "stream": True}  # nothing lost
+        # nothing lost; a JSON client's answer is asked for non-streamed (answer_timeout_s)
+        assert sent == {**body, **extra, "model": "think", "stream": False}
         assert [b.type for b in first.content] == ["thinking", "text"]
         assert first.content[0].signature == SIGNATURE  # type: ignore[union-attr]
         assert first.usage.input_tokens == 10 and first.usage.cache_read_input_tokens == 2
