@@ -343,12 +343,9 @@ class ResponsesAggregator:
 
     def __init__(self, builder: ResponseBuilder) -> None:
         self._builder = builder
-        self.usage = Usage()
 
     def add(self, event: Event) -> None:
         self._builder.feed(event)
-        if isinstance(event, Usage):
-            self.usage = event
 
     def body(self, completion_id: str, model: str) -> dict[str, Any]:
         self._builder.close(None)
