@@ -36,56 +36,33 @@ import asyncio
 import multiprocessing as mp
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 from redis.asyncio import Redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.gateway_procs import (  # noqa: E402
+    REDIS_URL,
+    drop_prefix,
+    high_limit_key,
+    run_mock,
+    start_gateway,
+    wait_ready,
+)
 from benchmarks.http_load import Bench, Burst, Endpoint, Level, rss_mb  # noqa: E402
-from gateway.keys.records import KeyCreate  # noqa: E402
-from gateway.keys.store import KeyStore  # noqa: E402
-from tests.mock_upstream import MockUpstream  # noqa: E402
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 CONCURRENCY = (1, 16, 64)
 IDLE_RSS_MB: list[float] = []
 LOAD: list[tuple[float, float, float]] = []  # the open gateway's, once ready and before any request
 PATHS = ("direct", "open", "keyed", "keyed2")  # keyed2: the keyed gateway with 2 workers
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _run_mock(port_queue: mp.Queue) -> None:  # type: ignore[type-arg]
-    async def main() -> None:
-        mock = MockUpstream()
-        await mock.start()
-        mock.requests = _Discard()  # type: ignore[assignment]
-        port_queue.put(mock.base_url)
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
-
-
-class _Discard(list):  # type: ignore[type-arg]
-    """Keeps the mock from recording a million requests during a benchmark."""
-
-    def append(self, item: object) -> None:
-        return None
 
 
 @dataclass
@@ -109,64 +86,6 @@ class Target:
     @property
     def _digits(self) -> int:
         return {" ms": 3, "x": 2}.get(self.unit, 1)
-
-
-def _start_gateway(
-    mock_url: str, chunks: int, keyed: bool, prefix: str, workers: int = 1
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    config = Path(tempfile.mkdtemp()) / "bench.toml"
-    config.write_text(f"""
-[server]
-host = "127.0.0.1"
-port = {port}
-workers = {workers}
-[redis]
-url = "{REDIS_URL}"
-embedded = false
-key_prefix = "{prefix}"
-[logging]
-format = "json"
-level = "warning"
-[auth]
-enabled = {"true" if keyed else "false"}
-[providers.mock]
-kind = "openai"
-base_url = "{mock_url}"
-[models."bench"]
-routes = [{{ provider = "mock", model = "echo-chunks-{chunks}" }}]
-""")
-    env = {**os.environ, "GATEWAY_USE_PRESETS": "false"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(config)], cwd=ROOT, env=env
-    )
-    return proc, f"http://127.0.0.1:{port}"
-
-
-async def _wait_ready(root: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(200):
-            try:
-                async with session.get(f"{root}/healthz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise RuntimeError("the gateway did not start")
-
-
-async def _high_limit_key(redis: Redis, prefix: str) -> str:
-    secret, _ = await KeyStore(redis, prefix=prefix).create(
-        KeyCreate(name="bench", budget_tokens=10**12, rpm=10**8, tpm=10**11, max_concurrency=10**5)
-    )
-    return secret
-
-
-async def _drop_prefix(redis: Redis, prefix: str) -> None:
-    keys = [k async for k in redis.scan_iter(match=f"{prefix}*", count=1000)]
-    if keys:
-        await redis.delete(*keys)
 
 
 Rounds = list[dict[tuple[str, Level], Burst]]
@@ -333,14 +252,14 @@ async def _gateway(
 ) -> tuple[subprocess.Popen[bytes], Endpoint]:
     keyed = label.startswith("keyed")
     workers = 2 if label == "keyed2" else 1
-    proc, root = _start_gateway(mock_url, chunks, keyed, prefix, workers)
-    await _wait_ready(root)
+    proc, root = start_gateway(mock_url, chunks, keyed, prefix, workers)
+    await wait_ready(root)
     if label == "open":
         await asyncio.sleep(1.0)  # settled after start-up, before a request: its idle memory
         IDLE_RSS_MB.append(rss_mb(proc.pid))
     headers = {"Content-Type": "application/json"}
     if keyed:
-        headers["Authorization"] = f"Bearer {await _high_limit_key(redis, prefix)}"
+        headers["Authorization"] = f"Bearer {await high_limit_key(redis, prefix)}"
     return proc, Endpoint(label, f"{root}/v1/chat/completions", headers, "bench", proc.pid)
 
 
@@ -392,7 +311,7 @@ async def main() -> None:
 
     ctx = mp.get_context("spawn")
     queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
-    mock_proc = ctx.Process(target=_run_mock, args=(queue,), daemon=True)
+    mock_proc = ctx.Process(target=run_mock, args=(queue,), daemon=True)
     mock_proc.start()
     mock_url = queue.get(timeout=30)
     prefix = f"bench:{uuid.uuid4().hex}:"
@@ -401,7 +320,7 @@ async def main() -> None:
         rounds = await _run(args, mock_url, redis, prefix)
     finally:
         mock_proc.terminate()
-        await _drop_prefix(redis, prefix)
+        await drop_prefix(redis, prefix)
         await redis.aclose()
     levels = [Level(c, stream) for stream in (False, True) for c in CONCURRENCY]
     print(
