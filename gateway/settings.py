@@ -41,6 +41,13 @@ class ServerSettings(BaseModel):
     keepalive_s: float = Field(default=5.0, gt=0)
     # Serving processes on one port (SO_REUSEPORT); no local engine with more than one.
     workers: int = Field(default=1, ge=1, le=256)
+    # Slow clients are bounded: a connection is closed when it has not sent a whole request
+    # head this long after it opened or after its last answer (idle keep-alive connections
+    # too); a request's body must arrive this long after its head (else a 408); a client that
+    # reads nothing of a stream for this long is disconnected, and its slot freed.
+    request_head_timeout_s: float = Field(default=60.0, gt=0)
+    request_body_timeout_s: float = Field(default=60.0, gt=0)
+    write_stall_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class RedisSettings(BaseModel):

@@ -6,18 +6,15 @@ with the status it got, and the key holds no slot or reservation afterwards."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import anthropic
 import openai
 import pytest
-from redis.asyncio import Redis
 
-from gateway.keys.records import KeyCreate
-from gateway.keys.store import KeySpace, KeyStore, text
 from tests.broken_upstream import BrokenUpstream
-from tests.gateway.conftest import REDIS_URL, Gateway, gateway_settings, start_gateway
+from tests.gateway.conftest import Gateway, gateway_settings
+from tests.gateway.probed import Probed, probed_gateway
 from tests.mock_upstream import MockUpstream
 
 USER = [{"role": "user", "content": "hello there"}]
@@ -29,11 +26,6 @@ async def broken() -> AsyncIterator[BrokenUpstream]:
     await upstream.start()
     yield upstream
     await upstream.stop()
-
-
-@dataclass
-class Probed(Gateway):
-    key_id: str = ""
 
 
 @pytest.fixture
@@ -48,15 +40,8 @@ async def gw(
         models={},
         routing={"breaker": {"failures": 1000, "window": 1000}},  # every request reaches it
     )
-    runner, root = await start_gateway(settings)
-    redis = Redis.from_url(REDIS_URL)
-    limits = KeyCreate(name="probe", max_concurrency=4, tpm=10**9)
-    secret, record = await KeyStore(redis, prefix=redis_prefix).create(limits)
-    await redis.aclose()
-    try:
-        yield Probed(root, secret, mock_upstream, runner.app, redis_prefix, 64 * 1024, record.id)
-    finally:
-        await runner.cleanup()
+    async with probed_gateway(settings, mock_upstream) as gateway:
+        yield gateway
 
 
 async def chat(gw: Gateway, model: str, stream: bool) -> None:
@@ -111,27 +96,6 @@ CALLS: list[tuple[str, Call, bool]] = [
 ]
 
 
-async def held(gw: Probed) -> tuple[int, int]:
-    """(slots, reserved tokens) the key holds now."""
-    space = KeySpace(gw.prefix)
-    redis = Redis.from_url(REDIS_URL)
-    try:
-        slots = await redis.zcard(space.slots(gw.key_id))
-        tokens = int(await redis.hget(space.held(gw.key_id), "_sum") or 0)
-        return slots, tokens
-    finally:
-        await redis.aclose()
-
-
-async def statuses(gw: Gateway) -> list[str]:
-    redis = Redis.from_url(REDIS_URL)
-    try:
-        entries = await redis.xrange(KeySpace(gw.prefix).usage_log())
-        return [text(fields[b"status"]) for _, fields in entries]
-    finally:
-        await redis.aclose()
-
-
 def failure(exc: openai.APIError | anthropic.APIError) -> int | str:
     """The HTTP status of an SDK's error, or 502 for an error event in a stream that names the
     provider's failure (the anthropic SDK reports those with the stream's status, 200)."""
@@ -159,9 +123,9 @@ async def test_a_broken_upstream_is_a_502_in_every_protocol(
     assert failures == [(name, 502) for name, _, _ in CALLS]
     await gw.settled()
     assert len(broken.requests) == len(CALLS)
-    recorded = await statuses(gw)
+    recorded = await gw.statuses()
     assert len(recorded) == len(CALLS) and all(s == "502" for s in recorded), recorded
-    assert await held(gw) == (0, 0)
+    assert await gw.held() == (0, 0)
 
 
 async def test_an_upstream_retry_after_of_infinity_is_passed_on_capped(gw: Probed) -> None:
@@ -169,4 +133,4 @@ async def test_an_upstream_retry_after_of_infinity_is_passed_on_capped(gw: Probe
         await chat(gw, "broken/retry-inf", False)
     assert 1 <= int(caught.value.response.headers["Retry-After"]) <= 3600
     await gw.settled()
-    assert await statuses(gw) == ["429"]
+    assert await gw.statuses() == ["429"]
