@@ -27,7 +27,7 @@ from backend.engine.async_engine import (
     EngineStats,
 )
 from backend.engine.sampling_params import SamplingParams
-from backend.text.chat_template import ChatFormatError
+from backend.text.chat_template import ChatFormatError, UnsupportedContent
 from backend.text.tokenizer import Tokenizer
 from providers.base import ModelCard
 from providers.engine_client import EngineClient, EnginePlacer
@@ -199,6 +199,12 @@ class LocalProvider:
                 thinking=thinking,
                 tools=tools or None,
             )
+        except UnsupportedContent:  # said in no one protocol's terms: any client may meet it
+            raise InvalidRequest(
+                f"Provider '{self.name}' reads text only: images, audio and files cannot be "
+                "sent to it.",
+                provider=self.name,
+            ) from None
         except ChatFormatError as exc:
             raise InvalidRequest(str(exc), provider=self.name, param="messages") from None
         opens = tokenizer.prompt_opens_reasoning(ids)

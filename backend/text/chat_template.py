@@ -39,6 +39,14 @@ class ChatFormatError(ValueError):
     """The messages or tools cannot be rendered (unknown role, non-text content, bad shape)."""
 
 
+class UnsupportedContent(ChatFormatError):
+    """A content part that is not text (an image, audio, a file): the model reads text only."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"unsupported content part: {kind!r}")
+        self.kind = kind
+
+
 def _identity(text: str) -> str:
     return text
 
@@ -78,7 +86,7 @@ def _content_text(content: Any) -> str:
                 and isinstance(part.get("text"), str)
             ):
                 kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise ChatFormatError(f"unsupported content part: {kind!r}")
+                raise UnsupportedContent(str(kind))
             texts.append(part["text"])
         return "\n".join(texts)
     raise ChatFormatError(f"content must be a string or a list of parts, not {type(content)}")
