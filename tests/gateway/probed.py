@@ -43,13 +43,15 @@ class Probed(Gateway):
 
 
 @asynccontextmanager
-async def probed_gateway(settings: Settings, mock: MockUpstream) -> AsyncIterator[Probed]:
-    """The gateway for `settings` (made with `gateway_settings`), with a key allowed 8
-    concurrent requests and a large TPM."""
+async def probed_gateway(
+    settings: Settings, mock: MockUpstream, max_concurrency: int = 8
+) -> AsyncIterator[Probed]:
+    """The gateway for `settings` (made with `gateway_settings`), with a key allowed
+    `max_concurrency` concurrent requests and a large TPM."""
     prefix = settings.redis.key_prefix
     runner, root = await start_gateway(settings)
     redis = Redis.from_url(REDIS_URL)
-    limits = KeyCreate(name="probe", max_concurrency=8, tpm=10**9)
+    limits = KeyCreate(name="probe", max_concurrency=max_concurrency, tpm=10**9)
     secret, record = await KeyStore(redis, prefix=prefix).create(limits)
     await redis.aclose()
     try:
