@@ -231,9 +231,9 @@ class LocalProvider:
             params = SamplingParams(
                 temperature=s.temperature,
                 top_p=s.top_p,
-                top_k=s.top_k or 0,
+                top_k=max(s.top_k or 0, 0),  # the API's -1 (vLLM's "off") is the engine's 0
                 min_p=s.min_p or 0.0,
-                seed=s.seed,
+                seed=None if s.seed is None else s.seed % 2**64,  # the API's seeds are signed
                 presence_penalty=s.presence_penalty or 0.0,
                 frequency_penalty=s.frequency_penalty or 0.0,
                 repetition_penalty=s.repetition_penalty or 1.0,
