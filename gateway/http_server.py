@@ -32,6 +32,7 @@ from aiohttp.web_protocol import RequestHandler
 from gateway.appkeys import SETTINGS
 from gateway.errors import GatewayError, GatewayTimeout, InvalidRequest
 from gateway.middleware import new_request_id, render
+from gateway.wire.messages_errors import is_messages_path
 
 log = structlog.get_logger("gateway.http")
 
@@ -107,7 +108,10 @@ def _shaped(handle: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]) 
             error = InvalidRequest(exc.text or exc.reason, code="unsupported_http_feature")
             error.status = exc.status
             response = render(error, request.path)
-            response.headers["x-request-id"] = new_request_id()
+            request_id = new_request_id()
+            response.headers["x-request-id"] = request_id
+            if is_messages_path(request.path):
+                response.headers["request-id"] = request_id
             return response
 
     return handler

@@ -112,7 +112,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 "The request body could not be read as sent: check that it matches its "
                 "Content-Encoding and Transfer-Encoding.",
                 code="unreadable_body",
-            )
+            ),
+            request.path,
         )
     except web.HTTPRequestEntityTooLarge:
         status = 413

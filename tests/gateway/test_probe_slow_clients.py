@@ -164,6 +164,7 @@ async def test_an_unknown_expectation_is_a_417_in_the_api_shape(gw: Probed, path
     message = error["error"]["message"]
     assert "200-ok" in message
     assert ("type" in error) == (path == "/v1/messages")
+    assert ("request-id" in answer.headers) == (path == "/v1/messages")
 
 
 async def test_expect_100_continue_is_honoured(gw: Probed) -> None:
