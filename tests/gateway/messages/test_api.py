@@ -68,6 +68,8 @@ async def test_claude_ids_map_by_pattern_and_are_echoed(gw: MessagesGateway) -> 
     assert "thinking" not in gw.mock.requests[-1].body  # echo-model: the client's choice
     entries = await usage_records(gw)
     assert [e[b"model"] for e in entries] == [b"reasoner-model", b"echo-model"]
+    card = await c.models.retrieve("claude-3-5-haiku-20241022")  # retrievable as asked for
+    assert card.id == "claude-3-5-haiku-20241022"
 
 
 async def test_stream_helpers_and_event_protocol(gw: MessagesGateway) -> None:
