@@ -19,7 +19,7 @@ from gateway.settings import ModelSettings, ProviderSettings
 from tests.e2e.conftest import local_settings
 from tests.e2e.test_local_engine import LocalGateway, wait_idle
 from tests.gateway.conftest import REDIS_URL
-from tests.gateway.probed import Probed, probed_gateway
+from tests.gateway.probed import Probed, clear_prefix, probed_gateway
 from tests.gateway.rawhttp import request_bytes
 from tests.mock_upstream import MockUpstream
 
@@ -42,13 +42,11 @@ async def gw(tiny_checkpoint: Path, mock_upstream: MockUpstream) -> AsyncIterato
     providers = {**settings.providers, "mock": mock}
     models = {**settings.models, "slow-upstream": slow}
     settings = settings.model_copy(update={"providers": providers, "models": models})
-    async with probed_gateway(settings, mock_upstream, max_concurrency=16) as gateway:
-        yield gateway
-    redis = Redis.from_url(REDIS_URL)
-    keys = [k async for k in redis.scan_iter(match=f"{prefix}*", count=1000)]
-    if keys:
-        await redis.delete(*keys)
-    await redis.aclose()
+    try:
+        async with probed_gateway(settings, mock_upstream, max_concurrency=16) as gateway:
+            yield gateway
+    finally:
+        await clear_prefix(prefix)
 
 
 async def leave_after_first_frame(gw: Probed, path: str, body: dict[str, Any]) -> bytes:

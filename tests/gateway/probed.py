@@ -42,6 +42,15 @@ class Probed(Gateway):
             await redis.aclose()
 
 
+async def clear_prefix(prefix: str) -> None:
+    """Remove every key under `prefix` from the shared Redis."""
+    client = Redis.from_url(REDIS_URL)
+    keys = [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
 @asynccontextmanager
 async def probed_gateway(
     settings: Settings, mock: MockUpstream, max_concurrency: int = 8

@@ -5,7 +5,6 @@ with limits (so that its slots and reservations are tracked)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -16,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import aiohttp
 from redis.asyncio import Redis
 
+from benchmarks.gateway_procs import wait_ready
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeySpace, KeyStore, text
 from tests.broken_upstream import BrokenUpstream
@@ -124,18 +123,16 @@ routes = [{{ provider = "mock", model = "echo-chunks-60-gap-0.05" }}]
     return config
 
 
-async def _ready(root: str, proc: subprocess.Popen[bytes], within_s: float = 120) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(int(within_s * 10)):
-            if proc.poll() is not None:
-                raise RuntimeError(f"the gateway exited with status {proc.returncode}")
-            try:
-                async with session.get(f"{root}/healthz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
+async def _ready(root: str, proc: subprocess.Popen[bytes], tries: int = 12) -> None:
+    """Until the gateway answers /healthz (it loads the engine first), or it exits."""
+    for _ in range(tries):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the gateway exited with status {proc.returncode}")
+        try:
+            await wait_ready(root)
+            return
+        except RuntimeError:
+            continue
     raise RuntimeError("the gateway did not become ready")
 
 
