@@ -19,18 +19,11 @@ from backend.engine.sampling_params import SamplingParams
 from providers.remote_engine import GENERATE_PATH
 from providers.shared_engine import ENGINE_PATH, EngineInfo, SharedEngine
 from tests.e2e.conftest import TOOL_ARGUMENTS, TOOL_NAME
+from tests.e2e.test_local_engine import WEATHER_TOOL
 from tests.e2e.worker_pair import WorkerPair, open_worker_pair, ready, until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 WEATHER_SCHEMA = WEATHER_TOOL["function"]["parameters"]  # type: ignore[index]
 # Two full blocks (block_size 16) and more: a repeat of the prompt reads them from the cache.
 SEA = "Tell me about the sea, the waves, the tides, the boats and the gulls over the harbour."

@@ -26,6 +26,7 @@ from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeySpace, KeyStore
 from tests.e2e.cluster_nodes import ROOT, free_port, write_node_config
 from tests.gateway.conftest import REDIS_URL
+from tests.gateway.test_workers import process_alive
 from tests.sse_rules import check_chat_stream, sse_payloads
 
 # Two full blocks (block_size 16) and more: a repeat of the prompt reads them from the cache.
@@ -47,10 +48,11 @@ class Gateway:
     def root(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def events(self, name: str) -> list[dict[str, Any]]:
+    def events(self, name: str | None) -> list[dict[str, Any]]:
+        """The log's events called `name` (None: all), in order."""
         lines = self.log_path.read_text().splitlines()
         events = [json.loads(line) for line in lines if line.startswith("{")]
-        return [e for e in events if e.get("event") == name]
+        return [e for e in events if name is None or e.get("event") == name]
 
     def worker_pids(self) -> list[int]:
         (started,) = self.events("workers_started")
@@ -126,22 +128,15 @@ def _spawn(config: Path, workdir: Path, log_path: Path) -> subprocess.Popen[byte
 
 def _children_left(gateway: Gateway) -> list[int]:
     try:
-        return [pid for pid in gateway.worker_pids() if _alive(pid)]
+        return [pid for pid in gateway.worker_pids() if process_alive(pid)]
     except ValueError:
         return []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 @asynccontextmanager
 async def on_worker(gateway: Gateway, worker: int) -> AsyncIterator[aiohttp.ClientSession]:
-    """A session whose one connection the kernel gave to `worker`, once it is ready."""
+    """A session whose one connection the kernel gave to `worker`, once it is ready. (Its
+    requests stay on that worker only while the connection lives.)"""
     deadline = asyncio.get_running_loop().time() + DEADLINE_S
     headers = {"Authorization": f"Bearer {gateway.key}"}
     while True:
@@ -260,7 +255,14 @@ async def test_one_engine_two_workers_then_sigterm_drains(
         assert stream.usage["completion_tokens"] == 60
         assert await gateway.exited() == 0
         assert await gateway.served_by(request_id) == 1
-        assert not any(_alive(pid) for pid in (pid0, pid1))
+        # ... and it was still streaming when worker 1 began to drain
+        order = [
+            (e["event"], e.get("worker"))
+            for e in gateway.events(None)
+            if e.get("event") == "shutting_down" or e.get("request_id") == request_id
+        ]
+        assert order.index(("shutting_down", 1)) < order.index(("request", 1)), order
+        assert not any(process_alive(pid) for pid in (pid0, pid1))
         assert not socket_path.exists()
         records = await usage_records(gateway)
         assert records[request_id]["status"] == "200"
@@ -293,15 +295,8 @@ async def test_worker_0_killed_fails_worker_1s_requests_cleanly(
             waiting.post(f"{root}/v1/chat/completions", json=chat_body(1500, stream=False))
         )
 
-        async def both_running() -> bool:
-            async with aiohttp.ClientSession() as any_worker:  # both export the engine's gauges
-                gauges = await engine_gauges(any_worker, root)
-            return gauges.get("engine_running_requests") == 2
-
-        deadline = asyncio.get_running_loop().time() + DEADLINE_S
-        while not await both_running():
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.02)
+        async with aiohttp.ClientSession() as any_worker:  # both export the engine's gauges
+            await until_gauges(any_worker, root, running_requests=2)
         pid0, pid1 = gateway.worker_pids()
         os.kill(pid0, signal.SIGKILL)
         rest = await asyncio.wait_for(stream.read(), DEADLINE_S)
@@ -315,7 +310,7 @@ async def test_worker_0_killed_fails_worker_1s_requests_cleanly(
         assert body["error"]["code"] == "upstream_unavailable"
         # the supervisor stops worker 1 and exits with worker 0's fate
         assert await gateway.exited() != 0
-        assert not _alive(pid1)
+        assert not process_alive(pid1)
         records = await usage_records(gateway)
         for request_id in (stream.headers["x-request-id"], resp.headers["x-request-id"]):
             assert records[request_id]["error_code"] == "upstream_unavailable"

@@ -28,7 +28,7 @@ def _workers(pid: int) -> set[int]:
     return {c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
@@ -113,7 +113,7 @@ direct_models = ["*"]
             stream = check_chat_stream(first + rest, include_usage=False)
             assert len(stream.content.split()) == 6 and stream.finish_reason == "stop"
         assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
-        assert not any(_alive(pid) for pid in workers)
+        assert not any(process_alive(pid) for pid in workers)
         async with aiohttp.ClientSession() as session:
             with pytest.raises(aiohttp.ClientConnectionError):
                 async with session.get(f"{root}/healthz"):
