@@ -14,9 +14,9 @@ and generated ids cross the socket. Load and liveness are polled every `server.e
 
 Why this transport, and the engine in worker 0:
 - The node-to-node path exists, is tested (aborts on disconnect, errors before and after the
-  first token, overload as 503 with Retry-After) and is what cluster peers already use; a unix
-  socket makes it a local hop of about 0.1 ms of CPU per request on each side, small next to
-  what tokenizing and parsing cost, and those stay in the worker that got the request.
+  first token, overload as 503 with Retry-After) and is what cluster peers already use; over a
+  unix socket it is a local hop (one connection and a JSON line per engine step), while the
+  tokenizing, templating and parsing stay in the worker that got the request.
 - Shared memory (a ring of ids per request) would save that hop but needs its own framing,
   wake-ups, abort and death detection; a closed socket gives all three for free (a dead worker
   0 is a reset connection, never a hang).
@@ -24,8 +24,11 @@ Why this transport, and the engine in worker 0:
   socket (worker 0's own included) and add a process whose death must also stop the others;
   in worker 0 it keeps the one-process path for 1/N of the traffic and the supervisor's rule
   (one worker exits: all stop) already covers the engine's death.
-The cost of that choice: worker 0's event loop shares a GIL with the engine's step thread, so
-worker 0 serves a little less HTTP than the others under load.
+The cost of that choice: worker 0's event loop shares a GIL with the engine's step thread, and
+worker 0 also answers the other workers' engine calls. Measured on 2 CPU cores with the tiny
+demo model (benchmarks/workers_engine.py), the engine's step thread is the bottleneck of short
+local-engine requests, so a second worker does not raise their rate; it helps where the serving
+work is (upstream traffic, long prompts to tokenize, an engine on a GPU).
 """
 
 from __future__ import annotations
