@@ -14,9 +14,8 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 
 import aiohttp
 
-from backend.engine.async_engine import EngineOverloaded
 from backend.engine.block_hash import extend_chain
-from backend.engine.llm_engine import RequestOutput
+from backend.engine.interface import EngineOverloaded, RequestOutput
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
 from gateway.cluster.follower import IndexFollower
