@@ -124,7 +124,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         router = Router(providers, settings.models, direct, settings.model_patterns)
         app[ROUTER] = router
         limits = OutputLimits(settings.models, settings.limits.default_max_tokens)
-        keepalive = KeepAlive(settings.server.stream_headers_after_s, settings.server.keepalive_s)
+        server = settings.server
+        keepalive = KeepAlive(
+            server.stream_headers_after_s, server.keepalive_s, server.write_stall_timeout_s
+        )
         routing = settings.routing
         breakers = Breakers(providers, routing.breaker)
         app[BREAKERS] = breakers

@@ -73,6 +73,14 @@ class Conflict(GatewayError):
     code = "conflict"
 
 
+class RequestTimeout(GatewayError):
+    """The client did not send its request in time (a slow or stalled body)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"

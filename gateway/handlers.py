@@ -21,6 +21,7 @@ from gateway.appkeys import (
 )
 from gateway.errors import AuthenticationError, InvalidRequest
 from gateway.middleware import REQUEST_ID
+from gateway.request_body import read_body
 from gateway.wire.chat_request import parse_chat, parse_completion
 from gateway.wire.chat_response import ChatWire
 from gateway.wire.completion_response import CompletionWire
@@ -48,7 +49,7 @@ async def authenticate(request: web.Request) -> Principal:
 
 
 async def read_json(request: web.Request) -> Any:
-    raw = await request.read()
+    raw = await read_body(request, request.app[SETTINGS].server.request_body_timeout_s)
     try:
         return jsoncodec.loads(raw)
     except jsoncodec.JSONDecodeError as exc:

@@ -6,10 +6,13 @@ chunk size) never reach the application or its middleware: aiohttp answers them 
 `RequestHandler.handle_error`, as plain text. `GatewayRunner` serves the app with a handler whose
 `handle_error` renders the same answers as OpenAI error JSON with an `x-request-id`, through the
 middleware's one renderer. The connection is closed after such an answer, as aiohttp does.
+An HTTP error aiohttp raises after parsing but before the app's middleware (an `Expect` other
+than `100-continue`) is rendered the same way, in the shape of the path's protocol.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -26,8 +29,10 @@ from aiohttp.http_exceptions import (
 )
 from aiohttp.web_protocol import RequestHandler
 
+from gateway.appkeys import SETTINGS
 from gateway.errors import GatewayError, GatewayTimeout, InvalidRequest
 from gateway.middleware import new_request_id, render
+from gateway.wire.messages_errors import is_messages_path
 
 log = structlog.get_logger("gateway.http")
 
@@ -90,18 +95,47 @@ class _ShapedErrorHandler(RequestHandler):
         return response
 
 
+def _shaped(handle: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]) -> Any:
+    """The app's handler, with an HTTP error raised before its middleware ran (aiohttp's own
+    Expect handling: a 417 for anything but `100-continue`) answered in the API's shape."""
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            return await handle(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            error = InvalidRequest(exc.text or exc.reason, code="unsupported_http_feature")
+            error.status = exc.status
+            response = render(error, request.path)
+            request_id = new_request_id()
+            response.headers["x-request-id"] = request_id
+            if is_messages_path(request.path):
+                response.headers["request-id"] = request_id
+            return response
+
+    return handler
+
+
 class _ShapedErrorServer(web.Server):
     def __call__(self) -> RequestHandler:
         return _ShapedErrorHandler(self, loop=self._loop, **self._kwargs)
 
 
 class GatewayRunner(web.AppRunner):
-    """`web.AppRunner` whose connections answer parser-level errors as OpenAI error JSON."""
+    """`web.AppRunner` whose connections answer parser-level errors as OpenAI error JSON, and
+    close when no whole request head arrived within `server.request_head_timeout_s` of their
+    opening or their last answer (aiohttp's keep-alive timeout, which it arms at both)."""
+
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        if SETTINGS in app:
+            kwargs.setdefault("keepalive_timeout", app[SETTINGS].server.request_head_timeout_s)
+        super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         return _ShapedErrorServer(
-            server.request_handler,
+            _shaped(server.request_handler),
             request_factory=server.request_factory,
             handler_cancellation=server.handler_cancellation,
             **server._kwargs,

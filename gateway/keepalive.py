@@ -48,6 +48,9 @@ class KeepAliveEncoder(Protocol):
 class KeepAlive:
     headers_after_s: float = 2.0
     interval_s: float = 5.0
+    # A write the client has not taken for this long (it reads nothing) drops the connection:
+    # the handler is cancelled and the request's slot, reservation and engine work freed.
+    stall_s: float = 60.0
 
 
 class EventStreamResponse(web.StreamResponse):
@@ -75,7 +78,11 @@ class KeptAliveStream:
         self._response = response
         self._encoder = encoder
         self._interval = timing.interval_s
+        self._stall_s = timing.stall_s
         self._last = self._loop.time()
+        # The write the handler waits for (backpressure), and since when: a stall if too long.
+        self._awaited: asyncio.Future[None] | None = None
+        self._awaited_since = 0.0
         self._committed = False  # the headers are sent or being sent
         self._opened = False  # the headers and opening frames are written
         self._task: asyncio.Task[None] | None = None  # the timer's opening or keep-alive write
@@ -122,7 +129,10 @@ class KeptAliveStream:
         if len(self._pending) == 1:
             self._loop.call_soon(self._write_pending)
         writing = self._writing
-        return writing if writing is not None and not writing.done() else None
+        if writing is None or writing.done():
+            return None
+        self._awaited, self._awaited_since = writing, self._last
+        return writing
 
     async def finish(self, frame: bytes = b"") -> None:
         """Write the queued frames and `frame` after any write in flight, and end the
@@ -134,8 +144,9 @@ class KeptAliveStream:
         self._pending.append(frame)
         data = b"".join(self._pending)
         self._pending.clear()
-        self._last = self._loop.time()
-        await self._response.write_eof(data)
+        self._last = self._awaited_since = self._loop.time()
+        self._writing = self._awaited = self._loop.create_task(self._response.write_eof(data))
+        await self._writing
 
     def _write_pending(self) -> None:
         if self._closed or not self._pending:
@@ -176,6 +187,9 @@ class KeptAliveStream:
     def _tick(self) -> None:
         if self._broken is not None:
             return  # the client is gone; its handler is being cancelled
+        if self._stalled():
+            self._drop()
+            return
         delay = self._interval
         if not self._committed:
             self._committed = True
@@ -187,6 +201,24 @@ class KeptAliveStream:
             else:
                 delay = self._interval - idle
         self._timer = self._loop.call_later(delay, self._tick)
+
+    def _stalled(self) -> bool:
+        """Whether the handler has waited `stall_s` for the client to take a write (checked at
+        each tick, so a stall is noticed within `stall_s` + `interval_s`). A client that reads
+        slowly but steadily lets each write finish, and is not stalled."""
+        awaited = self._awaited
+        if awaited is None or awaited.done():
+            return False
+        return self._loop.time() - self._awaited_since >= self._stall_s
+
+    def _drop(self) -> None:
+        """Drop a client that reads nothing: aiohttp then cancels its handler, whose `finally`
+        settles the request and frees what it held."""
+        log.warning("client_stalled", stall_s=self._stall_s)
+        self._broken = ConnectionResetError(f"the client read nothing for {self._stall_s:g} s")
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
 
     async def _open_quietly(self) -> None:
         try:

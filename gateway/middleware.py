@@ -108,15 +108,21 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         )
     except (HttpProcessingError, RequestPayloadError):
         # The body could not be read as sent: a bad chunk, or a Content-Encoding that does not
-        # match the bytes (gzip declared, plain text sent).
+        # match the bytes (gzip declared, plain text sent). Nothing more is read from it (aiohttp
+        # would try once the answer is out, and log the same error as an unhandled one), and
+        # the connection closes after the answer.
         status = 400
-        return render(
+        request.content.feed_eof()
+        response = render(
             InvalidRequest(
                 "The request body could not be read as sent: check that it matches its "
                 "Content-Encoding and Transfer-Encoding.",
                 code="unreadable_body",
-            )
+            ),
+            request.path,
         )
+        response.force_close()
+        return response
     except web.HTTPRequestEntityTooLarge:
         status = 413
         return render(PayloadTooLarge("The request body is too large."), request.path)

@@ -117,6 +117,9 @@ class Pipeline:
         except (asyncio.CancelledError, ConnectionResetError):
             status, error_code = 499, "client_disconnected"
             raise
+        except Exception:
+            status, error_code = 500, "internal_error"  # recorded as the 500 the client gets
+            raise
         finally:
             self.metrics.in_flight.dec()
             if tally.route is not None and tally.failed:
@@ -261,13 +264,18 @@ class Pipeline:
                 if frame is not None and (busy := stream.send(frame)) is not None:
                     await busy
             await stream.finish(b"".join(encoder.close()))
-        except (perr.ProviderError, GatewayError) as exc:
-            # Every route failed, or the answer broke off: once the headers are out, the error
-            # can only be reported in the stream, in the protocol's own way, and it is recorded
-            # as what it was, not as the 200 the headers said.
-            err = exc if isinstance(exc, GatewayError) else provider_error_to_gateway(exc)
+        except Exception as exc:
+            # Every route failed, the answer broke off, or a bug: once the headers are out, the
+            # error can only be reported in the stream, in the protocol's own way (a second
+            # response would land inside this one's body), and it is recorded as what it was,
+            # not as the 200 the headers said.
+            if isinstance(exc, ConnectionResetError):  # the client left
+                raise
             if not stream.committed:
-                raise err from None
+                if isinstance(exc, perr.ProviderError):
+                    raise provider_error_to_gateway(exc) from None
+                raise
+            err = _stream_error(exc)
             detail = exc.detail if isinstance(exc, perr.ProviderError) else ""
             log.warning("stream_failed", code=err.code, error=err.message, detail=detail)
             await stream.open()
@@ -347,6 +355,16 @@ class Pipeline:
             await self.access.settle(grant, outcome)
         except Exception:
             log.exception("settle_failed", request_id=grant.ticket.request_id)
+
+
+def _stream_error(exc: Exception) -> GatewayError:
+    """What ended a stream after its headers, as the client is told it."""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, perr.ProviderError):
+        return provider_error_to_gateway(exc)
+    log.error("stream_broke", exc_info=exc)
+    return GatewayError("Internal server error.", code="internal_error")
 
 
 def _smaller(a: int | None, b: int | None) -> int | None:

@@ -50,6 +50,13 @@ class ServerSettings(BaseModel):
     # How often workers 1..N-1 ask worker 0's engine for its load and liveness (routing's
     # queue signal and /readyz read the latest answer).
     engine_poll_s: float = Field(default=0.1, gt=0)
+    # Slow clients are bounded: a connection is closed when it has not sent a whole request
+    # head this long after it opened or after its last answer (idle keep-alive connections
+    # too); a request's body must arrive this long after its head (else a 408); a client that
+    # reads nothing of a stream for this long is disconnected, and its slot freed.
+    request_head_timeout_s: float = Field(default=60.0, gt=0)
+    request_body_timeout_s: float = Field(default=60.0, gt=0)
+    write_stall_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class RedisSettings(BaseModel):

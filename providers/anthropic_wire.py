@@ -36,6 +36,7 @@ from providers.types import (
     TextDelta,
     ToolCallDelta,
     Usage,
+    token_count,
 )
 
 _MIN_BUDGET = 1024
@@ -234,10 +235,12 @@ class MessagesDecoder:
         self.finished = True
 
     def _count(self, usage: Any) -> None:
+        """The counts of a usage object (its other fields, e.g. `service_tier`, are skipped);
+        a count out of range is a ValueError (`token_count`)."""
         if isinstance(usage, dict):
             for key, value in usage.items():
-                if isinstance(value, int):
-                    self._usage[key] = value
+                if isinstance(value, int) and not isinstance(value, bool):
+                    self._usage[key] = token_count(value)
 
     def _start(self, index: int, block: dict[str, Any], out: list[Event]) -> None:
         kind = block.get("type")

@@ -29,7 +29,7 @@ from backend.engine.interface import (
     EngineStats,
 )
 from backend.engine.sampling_params import SamplingParams
-from backend.text.chat_template import ChatFormatError
+from backend.text.chat_template import ChatFormatError, UnsupportedContent
 from backend.text.tokenizer import Tokenizer
 from providers.base import ModelCard
 from providers.engine_client import EngineClient, EnginePlacer, ServedEngine
@@ -208,6 +208,12 @@ class LocalProvider:
                 thinking=thinking,
                 tools=tools or None,
             )
+        except UnsupportedContent:  # said in no one protocol's terms: any client may meet it
+            raise InvalidRequest(
+                f"Provider '{self.name}' reads text only: images, audio and files cannot be "
+                "sent to it.",
+                provider=self.name,
+            ) from None
         except ChatFormatError as exc:
             raise InvalidRequest(str(exc), provider=self.name, param="messages") from None
         opens = tokenizer.prompt_opens_reasoning(ids)
@@ -234,9 +240,9 @@ class LocalProvider:
             params = SamplingParams(
                 temperature=s.temperature,
                 top_p=s.top_p,
-                top_k=s.top_k or 0,
+                top_k=max(s.top_k or 0, 0),  # the API's -1 (vLLM's "off") is the engine's 0
                 min_p=s.min_p or 0.0,
-                seed=s.seed,
+                seed=None if s.seed is None else s.seed % 2**64,  # the API's seeds are signed
                 presence_penalty=s.presence_penalty or 0.0,
                 frequency_penalty=s.frequency_penalty or 0.0,
                 repetition_penalty=s.repetition_penalty or 1.0,

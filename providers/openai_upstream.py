@@ -23,7 +23,7 @@ map one to one; the remaining fields keep their defaults unless the gateway has 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -156,7 +156,10 @@ class OpenAIUpstream:
             if resp.content_type != "text/event-stream":
                 # A JSON answer to a streamed request: its body is read like one chunk.
                 by = deadline + config.idle_timeout_s if streamed else deadline
-                decoder.feed(await self._read_json(resp, by, "idle" if streamed else "answer"), out)
+                answer = await self._read_json(resp, by, "idle" if streamed else "answer")
+                self._decode(decoder.feed, answer, out, "answer")
+                if not decoder.finished:
+                    raise self._unreadable("answer", f"not an answer: {clip(str(answer))!r}")
                 decoder.end(out)
                 for event in out:
                     yield event
@@ -233,13 +236,31 @@ class OpenAIUpstream:
                     provider=self.name,
                 )
             if not isinstance(chunk, dict):
-                raise UpstreamUnavailable(
-                    f"Provider '{self.name}' sent a stream the gateway could not read.",
-                    provider=self.name,
-                    detail=f"malformed chunk: {data[:200]!r}",
-                )
-            decoder.feed(chunk, out)
+                raise self._unreadable("stream", f"malformed chunk: {data[:200]!r}")
+            self._decode(decoder.feed, chunk, out, "stream")
         return False
+
+    def _decode(
+        self,
+        feed: Callable[[dict[str, Any], list[Event]], None],
+        chunk: dict[str, Any],
+        out: list[Event],
+        what: str,
+    ) -> None:
+        """`feed(chunk, out)`, where a chunk whose fields have the wrong types or values (a
+        number for text, a usage count beyond any answer) is the upstream's fault: a 502."""
+        try:
+            feed(chunk, out)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+            raise self._unreadable(what, f"{describe(exc)} in {clip(str(chunk))!r}") from None
+
+    def _unreadable(self, what: str, detail: str) -> UpstreamUnavailable:
+        return UpstreamUnavailable(
+            f"Provider '{self.name}' sent {'a stream' if what == 'stream' else 'an answer'} "
+            "the gateway could not read.",
+            provider=self.name,
+            detail=detail,
+        )
 
     def _account_headers(self, request: ChatRequest) -> Mapping[str, str]:
         """The conversation's account's key, when there are several (else the session's)."""
@@ -289,11 +310,7 @@ class OpenAIUpstream:
         except ValueError:
             payload = None
         if not isinstance(payload, dict):
-            raise UpstreamUnavailable(
-                f"Provider '{self.name}' sent an answer the gateway could not read.",
-                provider=self.name,
-                detail=f"not a JSON object: {raw[:200]!r}",
-            )
+            raise self._unreadable("answer", f"not a JSON object: {raw[:200]!r}")
         return payload
 
     async def _http_error(self, resp: aiohttp.ClientResponse) -> ProviderError:

@@ -38,6 +38,7 @@ from providers.types import (
     TextDelta,
     ToolCallDelta,
     Usage,
+    token_count,
 )
 
 ThinkingStyle = Literal["deepseek", "chat_template_kwargs", "reasoning_effort", "none"]
@@ -161,15 +162,16 @@ def _set_thinking(
 
 
 def parse_usage(usage: dict[str, Any]) -> Usage:
-    """OpenAI usage, with cached prompt tokens from OpenAI's or DeepSeek's field."""
+    """OpenAI usage, with cached prompt tokens from OpenAI's or DeepSeek's field. A count that
+    is not a token count (`token_count`) is a ValueError."""
     prompt_details = usage.get("prompt_tokens_details") or {}
     completion_details = usage.get("completion_tokens_details") or {}
-    cached = prompt_details.get("cached_tokens") or usage.get("prompt_cache_hit_tokens") or 0
+    cached = prompt_details.get("cached_tokens") or usage.get("prompt_cache_hit_tokens")
     return Usage(
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-        reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
-        cached_prompt_tokens=int(cached),
+        prompt_tokens=token_count(usage.get("prompt_tokens")),
+        completion_tokens=token_count(usage.get("completion_tokens")),
+        reasoning_tokens=token_count(completion_details.get("reasoning_tokens")),
+        cached_prompt_tokens=token_count(cached),
     )
 
 
@@ -216,15 +218,16 @@ class ChunkDecoder:
             if delta:
                 reasoning = delta.get("reasoning_content") or delta.get("reasoning")
                 if reasoning:
-                    out.append(ReasoningDelta(reasoning))
+                    out.append(ReasoningDelta(_text(reasoning)))
                 content = delta.get("content")
                 if content:
-                    self._content(content, choice.get("logprobs"), out)
+                    self._content(_text(content), choice.get("logprobs"), out)
                 tool_calls = delta.get("tool_calls")
                 if tool_calls:
                     self._tool_calls(tool_calls, out)
             elif choice.get("text"):
-                self._content(choice["text"], _legacy_logprobs(choice.get("logprobs")), out)
+                logprobs = _legacy_logprobs(choice.get("logprobs"))
+                self._content(_text(choice["text"]), logprobs, out)
             reason = choice.get("finish_reason")
             if reason and not self.finished:
                 matched = choice.get("stop_reason")  # vLLM: the stop string that matched
@@ -255,14 +258,19 @@ class ChunkDecoder:
     def _tool_calls(self, tool_calls: list[dict[str, Any]], out: list[Event]) -> None:
         for position, call in enumerate(tool_calls):
             index = call.get("index", position)
+            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+                raise ValueError(f"a tool call index must be a whole number, not {index!r}")
             function = call.get("function") or {}
             arguments = function.get("arguments") or ""
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments)
             if index not in self._calls:
                 self._calls.add(index)
-                call_id = call.get("id") or f"call_{uuid.uuid4().hex[:24]}"
-                out.append(ToolCallDelta(index, call_id, function.get("name") or "", arguments))
+                call_id = call.get("id")
+                if not isinstance(call_id, str) or not call_id:
+                    call_id = f"call_{uuid.uuid4().hex[:24]}"
+                name = _text(function.get("name") or "")
+                out.append(ToolCallDelta(index, call_id, name, arguments))
             elif arguments:
                 out.append(ToolCallDelta(index, arguments_fragment=arguments))
 
@@ -279,6 +287,13 @@ class ChunkDecoder:
             mapped = "tool_calls"
         out.append(Finish(mapped, stop_sequence if mapped == "stop" else None))
         self.finished = True
+
+
+def _text(value: Any) -> str:
+    """A text field of an upstream's chunk, which must be a string (TypeError otherwise)."""
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {type(value).__name__}")
+    return value
 
 
 def _legacy_logprobs(logprobs: Any) -> dict[str, Any] | None:

@@ -217,6 +217,25 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
+# The largest token count taken from an upstream's usage: no answer comes within orders of
+# magnitude of it, and a day's sums of such counts stay inside Redis's 64-bit counters.
+MAX_TOKEN_COUNT = 2**31 - 1
+
+
+def token_count(value: object) -> int:
+    """A count from an upstream's usage: None is 0; a whole number (an integral float or a
+    numeric string too) from 0 to MAX_TOKEN_COUNT; anything else is a ValueError (the answer
+    cannot be trusted, nor charged)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"a token count must be a number, not {type(value).__name__}")
+    number = value if isinstance(value, int) else float(value)
+    if not 0 <= number <= MAX_TOKEN_COUNT or number != int(number):
+        raise ValueError(f"token count out of range: {str(value)[:40]}")
+    return int(number)
+
+
 @dataclass(frozen=True, slots=True)
 class Finish:
     """`stop_sequence`: the stop string that ended the output, where the provider says which."""

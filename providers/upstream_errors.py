@@ -60,16 +60,23 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+# The longest wait passed on to clients: an upstream's "Retry-After: 1e12" (or "inf", or a date
+# decades ahead) is garbage, and clients that honour it would never come back.
+MAX_RETRY_AFTER_S = 3600
+
+
 def parse_retry_after(value: str | None) -> int | None:
-    """Whole seconds from a Retry-After header (seconds or an HTTP date); None if absent/bad."""
+    """Whole seconds from a Retry-After header (seconds or an HTTP date), 0 to
+    MAX_RETRY_AFTER_S; None if absent or unreadable."""
     if not value:
         return None
     try:
-        return max(math.ceil(float(value)), 0)
+        seconds = float(value)
     except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError):
+            return None
+    if math.isnan(seconds):
         return None
-    return max(math.ceil(when.timestamp() - time.time()), 0)
+    return math.ceil(min(max(seconds, 0.0), MAX_RETRY_AFTER_S))

@@ -39,6 +39,14 @@ class ChatFormatError(ValueError):
     """The messages or tools cannot be rendered (unknown role, non-text content, bad shape)."""
 
 
+class UnsupportedContent(ChatFormatError):
+    """A content part that is not text (an image, audio, a file): the model reads text only."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"unsupported content part: {kind!r}")
+        self.kind = kind
+
+
 def _identity(text: str) -> str:
     return text
 
@@ -72,13 +80,11 @@ def _content_text(content: Any) -> str:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not (
-                isinstance(part, Mapping)
-                and part.get("type", "text") in _TEXT_PART_TYPES
-                and isinstance(part.get("text"), str)
-            ):
+            if not isinstance(part, Mapping) or part.get("type", "text") not in _TEXT_PART_TYPES:
                 kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise ChatFormatError(f"unsupported content part: {kind!r}")
+                raise UnsupportedContent(str(kind))
+            if not isinstance(part.get("text"), str):
+                raise ChatFormatError("a text content part needs a string 'text'")
             texts.append(part["text"])
         return "\n".join(texts)
     raise ChatFormatError(f"content must be a string or a list of parts, not {type(content)}")

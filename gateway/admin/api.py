@@ -21,12 +21,14 @@ from gateway.errors import AuthenticationError, InvalidRequest, PayloadTooLarge,
 from gateway.keys.records import KeyCreate, KeyRecord, KeyUpdate, UsageQuery
 from gateway.keys.store import KeyStore
 from gateway.keys.usage import UsageReader
+from gateway.request_body import read_body
 from gateway.settings import Settings
 
 log = structlog.get_logger("gateway.admin")
 
 STORE = web.AppKey("admin_key_store", KeyStore)
 USAGE = web.AppKey("admin_usage_reader", UsageReader)
+BODY_TIMEOUT_S = web.AppKey("admin_body_timeout_s", float)
 MAX_BODY_BYTES = 64 * 1024
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -36,6 +38,7 @@ def setup_admin(app: web.Application, settings: Settings) -> None:
     """Mount the admin API on `app` at /admin. Its store and usage reader are built on startup
     from the app's Redis (`REDIS`, opened in the app's cleanup_ctx, which runs first)."""
     admin = web.Application(middlewares=[_authorize(settings.admin.api_key)])
+    admin[BODY_TIMEOUT_S] = settings.server.request_body_timeout_s
     if settings.admin.api_key is None:
         log.warning(
             "admin_api_disabled",
@@ -99,7 +102,7 @@ def _invalid(exc: ValidationError) -> InvalidRequest:
 async def _parse(request: web.Request, model: type[Body]) -> Body:
     if (request.content_length or 0) > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"The body is larger than {MAX_BODY_BYTES} bytes.")
-    raw = await request.read()
+    raw = await read_body(request, request.app[BODY_TIMEOUT_S])
     if len(raw) > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"The body is larger than {MAX_BODY_BYTES} bytes.")
     try:

@@ -14,13 +14,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from gateway.errors import GatewayError
 from gateway.keys.records import KeyCreate, KeyUpdate, UsageQuery
 from gateway.keys.store import KeyStore
 from gateway.keys.usage import UsageReader
 from gateway.logging import configure_logging
-from gateway.redis_server import open_redis
+from gateway.redact import redact_text
+from gateway.redis_server import RedisNotReady, open_redis
 from gateway.settings import load_settings
 
 Action = Callable[[KeyStore, UsageReader, argparse.Namespace], Awaitable[Any]]
@@ -112,6 +114,9 @@ def _command(action: Action) -> Callable[[argparse.Namespace], int]:
             return 2
         except GatewayError as exc:
             print(f"error: {exc.message}", file=sys.stderr)
+            return 1
+        except (RedisNotReady, RedisError) as exc:  # unreachable, or gone mid-command
+            print(f"error: Redis did not answer: {redact_text(str(exc))}", file=sys.stderr)
             return 1
         print(json.dumps(result, indent=2))
         return 0

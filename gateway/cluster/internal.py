@@ -22,9 +22,10 @@ from backend.engine.interface import (
     EngineOverloaded,
 )
 from backend.engine.sampling_params import SamplingParams
-from gateway.appkeys import CLUSTER, ENGINE_HOST, EngineHost
+from gateway.appkeys import CLUSTER, ENGINE_HOST, SETTINGS, EngineHost
 from gateway.cluster.node import ClusterNode
 from gateway.errors import AuthenticationError, InvalidRequest, NotFound, ServiceUnavailable
+from gateway.request_body import read_body
 from providers import jsoncodec
 from providers.remote_engine import (
     GENERATE_PATH,
@@ -92,7 +93,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     engine = engine_host(request).engine
     if engine is None:
         raise ServiceUnavailable("This node serves no local engine.", code="no_engine")
-    request_id, prompt_ids, params = _parse(await request.read())
+    request_id, prompt_ids, params = _parse(
+        await read_body(request, request.app[SETTINGS].server.request_body_timeout_s)
+    )
     outputs = engine.generate(request_id, prompt_ids, params)
     try:
         try:

@@ -118,6 +118,11 @@ class Router:
         return [ModelCard(m, self._owners[m], self._created) for m in self._routes]
 
     def card(self, model: str) -> ModelCard:
-        if model in self._routes:
-            return ModelCard(model, self._owners[model], self._created)
+        """The card of whatever a request may name, under the id asked for: a configured model,
+        a client id a model pattern maps to one, or a `provider/model` the provider allows."""
+        target = self.canonical(model)
+        if target in self._routes:
+            return ModelCard(model, self._owners[target], self._created)
+        if self._direct_pattern(model) is not None:
+            return ModelCard(model, model.partition("/")[0], self._created)
         raise NotFound(f"The model '{model}' does not exist", param="model", code="model_not_found")

@@ -7,7 +7,9 @@ Mapping:
 - user content: text blocks -> the message's text (blocks joined by a blank line); `image` ->
   an OpenAI `image_url` part (a data: URL for base64 sources), refused with a 400 by routes that
   take no images; `tool_result` -> a tool message ahead of the user's other blocks (content a
-  string or text blocks; `is_error` prefixes "Error: "); `document` is refused with a 400.
+  string or text and image blocks; `is_error` prefixes "Error: "; its images, which tool
+  messages cannot carry, open the user message after it, announced by a line naming the call);
+  `document` is refused with a 400.
 - assistant content: text blocks joined; `tool_use` -> tool_calls (input as JSON text);
   `thinking` -> reasoning_content when its signature is this gateway's for the same key (see
   gateway/thinking_signature.py), else dropped, as is `redacted_thinking`. An assistant message
@@ -127,11 +129,14 @@ def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _tool_result(block: dict[str, Any], where: str) -> Message:
+def _tool_result(block: dict[str, Any], where: str) -> tuple[Message, list[dict[str, Any]]]:
+    """The tool message, and the image parts of the result (tool messages carry text only, so
+    they travel in the user message that follows, announced by a line naming the call)."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise _bad(f"{where}.tool_use_id", "a tool_result needs its tool_use_id.")
     content = block.get("content", "")
+    images: list[dict[str, Any]] = []
     if isinstance(content, list):
         parts = []
         for i, inner in enumerate(content):
@@ -140,10 +145,7 @@ def _tool_result(block: dict[str, Any], where: str) -> Message:
             if inner.get("type") == "text":
                 parts.append(_block_text(inner, f"{where}.content.{i}"))
             elif inner.get("type") == "image":
-                raise _bad(
-                    f"{where}.content.{i}",
-                    "images inside a tool_result are not supported by this gateway.",
-                )
+                images.append(_image(inner, f"{where}.content.{i}"))
         text = "\n\n".join(parts)
     elif isinstance(content, str):
         text = content
@@ -151,13 +153,17 @@ def _tool_result(block: dict[str, Any], where: str) -> Message:
         raise _bad(f"{where}.content", "expected a string or content blocks.")
     if block.get("is_error") is True:
         text = "Error: " + text
-    return Message(role="tool", content=text, tool_call_id=call_id)
+    if images:
+        announce = {"type": "text", "text": f"Images returned by tool call {call_id}:"}
+        images.insert(0, announce)
+    return Message(role="tool", content=text, tool_call_id=call_id), images
 
 
 def _user(content: str | list[dict[str, Any]], where: str) -> list[Message]:
     if isinstance(content, str):
         return [Message(role="user", content=content)]
     results: list[Message] = []
+    result_images: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for i, block in enumerate(content):
         kind, at = block.get("type"), f"{where}.{i}"
@@ -166,9 +172,12 @@ def _user(content: str | list[dict[str, Any]], where: str) -> list[Message]:
         elif kind == "image":
             parts.append(_image(block, at))
         elif kind == "tool_result":
-            results.append(_tool_result(block, at))
+            result, images = _tool_result(block, at)
+            results.append(result)
+            result_images += images
         elif kind == "document":
             raise _bad(f"{at}.type", "document blocks are not supported by this gateway.")
+    parts = result_images + parts
     if not parts:
         return results
     if all(p["type"] == "text" for p in parts):

@@ -5,7 +5,8 @@ Mapping:
 - `instructions` -> the first system message; `input` as a string -> one user message.
 - message items -> messages (text parts joined; images kept as chat `image_url` parts).
 - function_call items -> assistant tool_calls (consecutive calls, and calls right after an
-  assistant message, share one assistant message); function_call_output -> tool messages.
+  assistant message, share one assistant message); function_call_output -> tool messages (its
+  text; its images, which tool messages cannot carry, follow the outputs in a user message).
 - reasoning items -> the next assistant message's `reasoning_content`: our own
   `encrypted_content` (see `encode_reasoning`) decoded, else the item's reasoning or summary text.
 - function tools pass; `namespace` tools are flattened (each call maps back through `ToolName`);
@@ -205,6 +206,7 @@ class _History:
         self.messages: list[Message] = []
         self._table = table
         self._reasoning: list[str] = []  # waiting for the next assistant message
+        self._images: list[dict[str, Any]] = []  # of the tool outputs just read (see `close`)
 
     def _take_reasoning(self) -> str | None:
         text = "\n\n".join(self._reasoning) or None
@@ -215,6 +217,8 @@ class _History:
         if not isinstance(item, dict):
             raise _bad(where, "every input item must be an object.")
         kind = item.get("type", "message" if "role" in item else None)
+        if kind != "function_call_output":
+            self.close()
         if kind == "message":
             self._message(item, where)
         elif kind == "function_call":
@@ -224,14 +228,25 @@ class _History:
             if output is None:
                 raise _bad(f"{where}.output", "a function_call_output needs 'output'.")
             content = _parts(output, f"{where}.output")
-            if not isinstance(content, str):
-                content = "".join(p.get("text", "") for p in content)
             call_id = _string(item, "call_id", where)
+            if not isinstance(content, str):
+                images = [p for p in content if p["type"] == "image_url"]
+                if images:
+                    announce = {"type": "text", "text": f"Images returned by tool call {call_id}:"}
+                    self._images += [announce, *images]
+                content = "".join(p.get("text", "") for p in content)
             self.messages.append(Message(role="tool", content=content, tool_call_id=call_id))
         elif kind == "reasoning":
             text = _reasoning_text(item)
             if text:
                 self._reasoning.append(text)
+
+    def close(self) -> None:
+        """Place the images of the tool outputs just read: tool messages carry text only, so
+        they follow the outputs in a user message of their own."""
+        if self._images:
+            self.messages.append(Message(role="user", content=self._images))
+            self._images = []
 
     def _message(self, item: dict[str, Any], where: str) -> None:
         role = item.get("role")
@@ -322,6 +337,7 @@ def parse_responses(data: Any, request_id: str) -> ParsedResponses:
             history.add(item, f"input.{i}")
     else:
         raise _bad("input", "expected a string or a list of input items.")
+    history.close()
     if not history.messages:
         raise _bad("input", "the request has no messages.")
     chat = ChatRequest(

@@ -168,7 +168,8 @@ async def test_images_are_refused_with_a_400(local_gateway: LocalGateway) -> Non
                 max_tokens=4,
             )
     assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
-    assert "image" in bad.value.body["error"]["message"]  # type: ignore[index]
+    message = bad.value.body["error"]["message"]  # type: ignore[index]
+    assert "images" in message and "image_url" not in message  # not in another API's terms
 
 
 async def test_client_leaving_mid_stream_frees_blocks_and_is_settled(

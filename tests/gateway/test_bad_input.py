@@ -66,13 +66,15 @@ async def test_credentials_that_are_not_utf8_are_401(
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
 async def test_a_body_that_does_not_match_its_content_encoding_is_400(
-    gateway: Gateway, encoding: str
+    gateway: Gateway, encoding: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     resp = await gateway.post_bytes(
         json.dumps(CHAT).encode(), headers={**gateway.auth_headers(), "Content-Encoding": encoding}
     )
     assert resp.status == 400 and resp.headers["x-request-id"]
     assert json.loads(resp.body)["error"]["type"] == "invalid_request_error"
+    # Answered, and not also logged as an unhandled error once the answer was out.
+    assert not [r for r in caplog.records if r.name == "aiohttp.server"]
 
 
 @pytest.mark.parametrize("compress", [gzip.compress, zlib.compress])

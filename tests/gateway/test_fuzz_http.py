@@ -1,7 +1,8 @@
 """Property-based tests (hypothesis) of raw requests to every route: bodies that are JSON of any
 shape, near-valid API bodies, compressed or not, arbitrary bytes; headers with any bytes
 (credentials, content type and encoding, request ids, unknown headers). However hostile, no
-answer is a 5xx, every answer has an `x-request-id`, and every error is OpenAI error JSON."""
+answer is a 5xx, every answer has an `x-request-id`, and every error is in the shape of its
+path's protocol (Anthropic's on the Messages API, OpenAI's elsewhere)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ BODY_ROUTES = [
     "/completions",
     "/v1/responses",
     "/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
     "/admin/keys",
 ]
 ROUTES = [
@@ -31,6 +34,8 @@ ROUTES = [
     ("GET", "/v1/models"),
     ("GET", "/models"),
     ("GET", "/v1/models/echo-model"),
+    ("GET", "/v1/messages"),
+    ("POST", "/v1/messages/batches"),
     ("GET", "/v1/models/x%00y"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
@@ -53,6 +58,7 @@ FIELDS = [
     "thinking", "reasoning", "reasoning_effort", "chat_template_kwargs", "echo", "suffix",
     "user", "text", "metadata", "name", "rpm", "tpm", "budget_tokens", "budget_period",
     "max_concurrency", "expires_at", "models", "disabled", "previous_response_id",
+    "stop_sequences", "system",
 ]  # fmt: skip
 ROLES = ["system", "developer", "user", "assistant", "tool", "function", ""]
 # Framing headers are left alone: a lie about them makes the server wait for bytes never sent.
@@ -73,11 +79,30 @@ json_values = st.recursive(
     ),
     max_leaves=12,
 )
+# Content blocks and parts of every API: a known type with any of the fields its kind uses.
+BLOCK_TYPES = [
+    "text", "image", "image_url", "input_text", "input_image", "tool_use", "tool_result",
+    "thinking", "redacted_thinking", "document", "function_call", "function_call_output",
+    "reasoning", "refusal", "output_text",
+]  # fmt: skip
+BLOCK_FIELDS = [
+    "text", "source", "image_url", "id", "name", "input", "tool_use_id", "content", "is_error",
+    "thinking", "signature", "data", "call_id", "arguments", "output", "summary",
+    "encrypted_content", "cache_control",
+]  # fmt: skip
+blocks = st.lists(
+    st.fixed_dictionaries({"type": st.sampled_from(BLOCK_TYPES)}).flatmap(
+        lambda head: st.dictionaries(st.sampled_from(BLOCK_FIELDS), json_values, max_size=3).map(
+            lambda rest: {**rest, **head}
+        )
+    ),
+    max_size=3,
+)
 messages = st.lists(
     st.fixed_dictionaries(
         {"role": st.sampled_from(ROLES)},
         optional={
-            "content": json_values,
+            "content": json_values | blocks,
             "tool_calls": json_values,
             "tool_call_id": scalars,
             "name": scalars,
@@ -90,7 +115,12 @@ near_valid = st.fixed_dictionaries(
         "model": st.sampled_from(["echo-model", "reasoner-model", "mock/echo"])
         | st.text(max_size=20)
     },
-    optional={"messages": messages, "input": json_values | messages, "prompt": json_values},
+    optional={
+        "messages": messages,
+        "input": json_values | messages | blocks,
+        "prompt": json_values,
+        "system": json_values | blocks,
+    },
 ).flatmap(
     lambda base: st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=5).map(
         lambda extra: {**base, **extra}
@@ -170,7 +200,7 @@ def test_any_body_on_a_body_route(served: ThreadedGateway, path: str) -> None:
     @given(body=bodies, headers=header_sets(served.key))
     def check(body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         answer = served.send(_request("POST", path, headers, body))
-        assert_api_answer(answer.status, answer.headers, answer.body, path)
+        assert_api_answer(answer.status, answer.headers, answer.body, path, path)
 
     check()
 
@@ -192,6 +222,6 @@ def test_any_headers_on_any_route(served: ThreadedGateway) -> None:
                 f"%{byte:02X}" if byte > 0x7E or byte < 0x21 else chr(byte) for byte in query
             )
         answer = served.send(_request(method, path, headers, body))
-        assert_api_answer(answer.status, answer.headers, answer.body, f"{method} {path}")
+        assert_api_answer(answer.status, answer.headers, answer.body, f"{method} {path}", path)
 
     check()

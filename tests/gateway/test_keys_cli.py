@@ -133,3 +133,13 @@ def test_routing_policy_from_the_command_line(
     assert shown["policy"] == changed["policy"]
     status, plain, _ = run(capsys, "keys", "create", "--name", "plain")
     assert plain["policy"] is None  # the default policy
+
+
+def test_an_unreachable_redis_is_one_line_not_a_traceback(
+    prefix: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_REDIS__URL", "redis://:hunter2@127.0.0.1:1/0")
+    status, out, err = run(capsys, "keys", "list")
+    assert status == 1 and out is None
+    assert err.startswith("error: Redis did not answer") and "Traceback" not in err
+    assert "hunter2" not in err

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from redis.asyncio import Redis
 
@@ -44,6 +45,19 @@ async def test_direct_addressing_only_where_the_provider_allows_it(bounded: Gate
         resp = await bounded.post_raw({"model": model, "messages": USER})
         assert resp.status == 404, (model, resp.body)
         assert b"model_not_found" in resp.body
+
+
+async def test_a_model_that_can_be_asked_for_can_be_retrieved(bounded: Gateway) -> None:
+    """GET /v1/models/{id} agrees with what requests may name (direct ids are not listed)."""
+    client = bounded.async_client()
+    card = await client.models.retrieve("mock/echo-chunks-3")
+    assert (card.id, card.owned_by) == ("mock/echo-chunks-3", "mock")
+    assert (await client.models.retrieve("echo-model")).id == "echo-model"
+    for model in ("mock/echo", "nobody/echo", "invented"):
+        with pytest.raises(openai.NotFoundError):
+            await client.models.retrieve(model)
+    listed = {m.id async for m in client.models.list()}
+    assert "echo-model" in listed and not any("/" in m for m in listed)
 
 
 async def test_invented_names_add_no_metric_series_or_usage_fields(

@@ -239,6 +239,32 @@ async def test_follow_up_turn_reaches_upstream_as_tool_messages(gateway: Gateway
     ]
 
 
+async def test_images_in_tool_outputs_follow_the_outputs_in_a_user_message(
+    gateway: Gateway,
+) -> None:
+    """Tool messages carry text only: an output's images are not dropped but follow."""
+    shot = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "look"},
+        {"type": "function_call", "call_id": "c1", "name": "search", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "search", "arguments": "{}"},
+        {
+            "type": "function_call_output",
+            "call_id": "c1",
+            "output": [{"type": "input_text", "text": "a screenshot"}, shot],
+        },
+        {"type": "function_call_output", "call_id": "c2", "output": "nothing"},
+    ]
+    await gateway.async_client().responses.create(model="echo-model", input=history, tools=TOOLS)
+    sent = gateway.mock.requests[-1].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "user"]
+    assert sent[2]["content"] == "a screenshot" and sent[3]["content"] == "nothing"
+    assert sent[4]["content"] == [
+        {"type": "text", "text": "Images returned by tool call c1:"},
+        {"type": "image_url", "image_url": {"url": shot["image_url"]}},
+    ]
+
+
 async def test_reasoning_item_and_its_echo_next_turn(gateway: Gateway) -> None:
     body = {"model": "mock/reasoning-content", "input": WORDS, "reasoning": {"effort": "high"}}
     events = await stream_raw(gateway, body)

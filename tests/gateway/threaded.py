@@ -20,6 +20,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
+from gateway.wire.messages_errors import is_messages_path
 from tests.gateway.conftest import REDIS_URL, gateway_settings, start_gateway
 from tests.gateway.rawhttp import RawAnswer, parse_answer
 from tests.mock_upstream import MockUpstream
@@ -84,18 +85,29 @@ class ThreadedGateway:
         return parse_answer(b"".join(chunks))
 
 
-def assert_api_answer(status: int, raw_headers: Any, body: bytes, where: str = "") -> None:
-    """What every answer must be: no 5xx, an `x-request-id`, and an error in OpenAI's shape.
-    `raw_headers`: name -> value, or name -> list of values (schemathesis' responses)."""
+def assert_api_answer(
+    status: int, raw_headers: Any, body: bytes, where: str = "", path: str = ""
+) -> None:
+    """What every answer must be: no 5xx, an `x-request-id`, and an error in the shape of the
+    protocol `path` belongs to: Anthropic's on the Messages API, else OpenAI's (and OpenAI's for
+    what the HTTP parser refused before the path was read). `raw_headers`: name -> value, or
+    name -> list of values (schemathesis' responses)."""
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in raw_headers.items():
         for one in value if isinstance(value, list) else [value]:
             headers.add(name, one)
     assert status < 500, (where, status, body[:500])
     assert headers.get("x-request-id"), (where, status, dict(headers))
-    if status >= 400:
-        assert headers.get("Content-Type", "").startswith("application/json"), (where, status)
-        error = json.loads(body)["error"]
-        assert isinstance(error["message"], str) and error["message"], (where, body)
-        assert isinstance(error["type"], str), (where, body)
+    if status < 400:
+        return
+    assert headers.get("Content-Type", "").startswith("application/json"), (where, status)
+    answer = json.loads(body)
+    error = answer["error"]
+    assert isinstance(error["message"], str) and error["message"], (where, body)
+    assert isinstance(error["type"], str), (where, body)
+    unparsed = error.get("code") == "malformed_http_request"
+    if is_messages_path(path.split("?", 1)[0]) and not unparsed:
+        assert answer.get("type") == "error" and set(error) == {"type", "message"}, (where, body)
+        assert headers.get("request-id") == headers["x-request-id"], (where, dict(headers))
+    else:
         assert {"param", "code"} <= set(error), (where, body)

@@ -68,6 +68,8 @@ async def test_claude_ids_map_by_pattern_and_are_echoed(gw: MessagesGateway) -> 
     assert "thinking" not in gw.mock.requests[-1].body  # echo-model: the client's choice
     entries = await usage_records(gw)
     assert [e[b"model"] for e in entries] == [b"reasoner-model", b"echo-model"]
+    card = await c.models.retrieve("claude-3-5-haiku-20241022")  # retrievable as asked for
+    assert card.id == "claude-3-5-haiku-20241022"
 
 
 async def test_stream_helpers_and_event_protocol(gw: MessagesGateway) -> None:
@@ -215,6 +217,50 @@ async def test_tool_result_error_and_blocks(gw: MessagesGateway) -> None:
     sent = gw.mock.requests[-1].body["messages"]
     assert sent[1]["tool_calls"][0]["function"]["arguments"] == "{}"
     assert sent[2] == {"role": "tool", "content": "Error: boom", "tool_call_id": "t1"}
+
+
+async def test_images_in_parallel_tool_results_follow_them_in_a_user_message(
+    gw: MessagesGateway,
+) -> None:
+    """Claude Code's Read of an image file answers with an image inside the tool_result; tool
+    messages carry text only, so the images open the user message after the results."""
+    png = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+    calls = [{"type": "tool_use", "id": f"t{i}", "name": "lookup", "input": {}} for i in (1, 2)]
+    history = [
+        {"role": "user", "content": "look at both"},
+        {"role": "assistant", "content": calls},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": [
+                        {"type": "text", "text": "a cat"},
+                        {"type": "image", "source": png},
+                    ],
+                },
+                {"type": "tool_result", "tool_use_id": "t2", "content": "no image here"},
+                {"type": "text", "text": "which is nicer?", "cache_control": {"type": "ephemeral"}},
+            ],
+        },
+    ]
+    answer = await gw.client().messages.create(
+        model="echo-model",
+        max_tokens=10,
+        messages=history,  # type: ignore[arg-type]
+        tools=[LOOKUP],  # type: ignore[list-item]
+    )
+    assert answer.stop_reason == "end_turn"
+    sent = gw.mock.requests[-1].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "user"]
+    assert sent[2] == {"role": "tool", "content": "a cat", "tool_call_id": "t1"}
+    assert sent[3] == {"role": "tool", "content": "no image here", "tool_call_id": "t2"}
+    assert sent[4]["content"] == [
+        {"type": "text", "text": "Images returned by tool call t1:"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        {"type": "text", "text": "which is nicer?"},
+    ]
 
 
 async def test_thinking_is_signed_and_replayed_only_when_ours(gw: MessagesGateway) -> None:

@@ -120,3 +120,12 @@ async def test_client_leaving_mid_stream_is_settled(gw: MessagesGateway) -> None
     assert len(entries) == 1 and entries[0][b"status"] == b"499"
     assert entries[0][b"error_code"] == b"client_disconnected"
     assert entries[0][b"completion_tokens"] == b"1"
+
+
+async def test_a_body_that_does_not_match_its_encoding_is_a_400_in_anthropic_shape(
+    gw: MessagesGateway,
+) -> None:
+    body = json.dumps({"model": "echo-model", "max_tokens": 5, "messages": USER}).encode()
+    resp = await post(gw, body, {"x-api-key": gw.key, "Content-Encoding": "gzip"})
+    assert resp.status == 400 and resp.headers["request-id"] == resp.headers["x-request-id"]
+    assert _error(resp.body)["type"] == "invalid_request_error"
