@@ -94,13 +94,11 @@ class Pipeline:
             label=self.router.label(public_model),
         )
         grant = await self._admit(ticket, wire)
-        sampling = replace(
-            chat.sampling,
-            max_tokens=output.upstream(grant.max_tokens),
-            max_reasoning_tokens=_smaller(
-                chat.sampling.max_reasoning_tokens, principal.policy.max_reasoning_tokens
-            ),
-        )
+        sampling = chat.sampling
+        max_tokens = output.upstream(grant.max_tokens)
+        reasoning = _smaller(sampling.max_reasoning_tokens, principal.policy.max_reasoning_tokens)
+        if (max_tokens, reasoning) != (sampling.max_tokens, sampling.max_reasoning_tokens):
+            sampling = replace(sampling, max_tokens=max_tokens, max_reasoning_tokens=reasoning)
         started = time.perf_counter()
         tally = Tally()
         status, error_code = 200, None
@@ -358,9 +356,13 @@ class Pipeline:
         if outcome.ttft_ms is not None:
             series.ttft.observe(outcome.ttft_ms / 1000)
         u = outcome.usage
-        series.prompt_tokens.inc(u.prompt_tokens)
-        series.completion_tokens.inc(u.completion_tokens)
-        series.cached_tokens.inc(u.cached_prompt_tokens)
+        for counter, tokens in (
+            (series.prompt_tokens, u.prompt_tokens),
+            (series.completion_tokens, u.completion_tokens),
+            (series.cached_tokens, u.cached_prompt_tokens),
+        ):
+            if tokens:  # each increment takes the metric's lock
+                counter.inc(tokens)
         try:
             return self.access.settle(grant, outcome)
         except Exception:

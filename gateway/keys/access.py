@@ -165,8 +165,8 @@ class RedisAccessControl:
             entry=usage_entry(grant, outcome, self._clock()),
         )
         self.keeper.drop(grant.token)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         landing = self._limiter.settle(settlement)
+        done: asyncio.Future[None] = landing.get_loop().create_future()
         landing.add_done_callback(partial(self._landed, settlement, done))
         return done
 

@@ -97,12 +97,13 @@ def _resolve(call: _Call, reply: Any) -> None:
 class _Channel(asyncio.Protocol):
     """One connection: writes batches of calls, answers them in order as replies arrive."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, loop: asyncio.AbstractEventLoop) -> None:
         self._timeout_s = timeout_s
         self._reader = Reader(protocolError=InvalidResponse, replyError=ResponseError)
         self._pending: deque[_Call] = deque()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.loop = loop  # kept: asking asyncio for it costs a getpid() each time (3.11)
         self.open = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -112,7 +113,7 @@ class _Channel(asyncio.Protocol):
 
     def send(self, calls: Sequence[_Call]) -> None:
         assert self._transport is not None
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         deadline = loop.time() + self._timeout_s
         for call in calls:
             call.deadline = deadline
@@ -149,7 +150,7 @@ class _Channel(asyncio.Protocol):
         self._timer = None
         if not self._pending:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         oldest = self._pending[0].deadline
         if oldest <= loop.time():
             self.fail(RedisTimeoutError(f"Redis did not answer within {self._timeout_s:g}s"))
@@ -203,7 +204,9 @@ class ScriptBatcher:
     ) -> asyncio.Future[Any]:
         """The script's result (through `parse`, if given), sent with whatever else this loop
         tick runs."""
-        loop = asyncio.get_running_loop()
+        channel = self._channel
+        loop = channel.loop if channel is not None and channel.open else None
+        loop = loop or asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         call = _Call.evalsha(script, keys, args, future, parse)
         if self._closed:
@@ -253,7 +256,7 @@ class ScriptBatcher:
         kw = self._kwargs
 
         def channel() -> _Channel:
-            return _Channel(self._timeout_s)
+            return _Channel(self._timeout_s, loop)
 
         if "path" in kw:
             _, ch = await loop.create_unix_connection(channel, kw["path"])

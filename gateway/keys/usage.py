@@ -82,8 +82,9 @@ def usage_entry(grant: Grant, outcome: Outcome, now: float) -> UsageEntry:
     key_id, model = ticket.principal.key_id, ticket.counted_model
     counters = {f"{key_id}|{name}|{model}": v for name, v in zip(METRICS, values, strict=True) if v}
     prompt, completion, reasoning, cached = (str(n) for n in tokens)
+    ts = moment.isoformat()
     record = {
-        "ts": moment.isoformat(),
+        "ts": ts,
         "request_id": ticket.request_id,
         "key_id": ticket.principal.key_id,
         "model": ticket.model,
@@ -103,7 +104,7 @@ def usage_entry(grant: Grant, outcome: Outcome, now: float) -> UsageEntry:
         "status": str(outcome.status),
         "error_code": outcome.error_code or "",
     }
-    return UsageEntry(day=moment.date().isoformat(), counters=counters, record=record)
+    return UsageEntry(day=ts[:10], counters=counters, record=record)
 
 
 _THINKING = {None: "", True: "on", False: "off"}
