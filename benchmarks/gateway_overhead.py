@@ -1,47 +1,49 @@
 """What the gateway adds on top of its upstream, measured side by side in one run.
 
-A mock upstream (answers at once, streams N chunks) runs in its own process; two gateways run in
-processes of their own (`python -m gateway serve`), both started once: `open` (auth.enabled =
-false: no key, limits or usage records) and `keyed` (a real key with limits set high: auth +
-admission + settlement on Redis). A bounded load generator on 127.0.0.1 measures direct-to-mock
-and through each gateway at concurrency 1, 16 and 64, non-streaming and streaming.
+Paths: `direct` (the load generator to the upstream), `open` (a gateway with auth.enabled =
+false: no key, limits or usage records), `keyed` (a real key with budget, rpm, tpm and
+concurrency limits set high: auth + admission + settlement on Redis) and `keyed2` (the keyed
+gateway with `[server] workers = 2`). Each gateway is `python -m gateway serve` in processes of
+its own, started once. Every path is measured at concurrency 1, 16 and 64, non-streaming and
+streaming (20-chunk answers), with the same request.
 
-The machine's speed drifts by up to 2x over minutes (shared host, 2 cores that the mock, both
-gateways, Redis and the load generator share), so the paths are compared within rounds: every
-round runs one burst per (concurrency, mode) on each path back to back, in an order that rotates
-from round to round, and each comparison (added latency, keyed vs open throughput) is taken within
-its round; the figures printed are medians over the rounds, with the range of the per-round
-figures beside the targets. CPU seconds per request of each gateway process and of Redis (INFO
-cpu) are measured per burst: they drift far less than wall-clock figures.
+Tools (`--tools auto`, the default: native when both are installed): the load generator is
+`wrk` and the JSON upstream is nginx answering the Python mock's exact bytes; streamed answers
+always come from the Python mock (one write per frame). With `--tools python` (or without wrk
+and nginx) the aiohttp load generator and the Python mock do it all, as before: they then spend
+as much CPU per request as the gateway, which bounds what a second worker can add on 2 cores.
+Install the native ones with `apt-get install -y wrk nginx-light`; `--tools native` fails when
+they are missing. Both kinds measure the direct path too, in the same run.
 
-A fourth path, `keyed2`, is the keyed gateway run with `[server] workers = 2` (its CPU is the
-supervisor's and its workers'). The open gateway's idle memory is read once it is ready.
+The machine's speed drifts (shared host, 2 cores that the upstreams, the gateways, Redis and the
+load generator share), so paths are compared within rounds: every round runs one burst per
+(concurrency, mode) on each path back to back, in an order that rotates from round to round;
+each comparison (added latency, keyed vs open, 2 workers vs 1) is taken within its round, and
+medians over the rounds are printed with the range of the per-round figures. CPU per request of
+each process on the path (gateway, Redis from INFO cpu, upstream, load generator) is measured
+per burst: it drifts far less than wall-clock figures, and it bounds throughput: with N cores,
+a path can serve at most N / (total CPU per request) requests/s, printed beside the 2-worker
+ratio.
 
 Issue-14 targets, printed last: CPU per request at c=64 (auth off: <= 0.35 ms JSON, <= 0.5 ms per
 20-chunk stream; keyed with every limit on: <= 0.5 ms JSON including Redis's CPU), keyed added
 p50 at one client <= 0.5 ms, idle memory <= 80 MB, keyed peak throughput with 2 workers >= 1.6x
 one worker's. The machine's load average is printed beside them.
 
-Earlier targets (2-core machine): added p50 < 1 ms at concurrency 1; >= 1,500 non-streaming
-requests/s through one gateway process; streaming adds < 50 us per chunk; with keys, auth +
-admission + settlement add < 0.5 ms p50 at concurrency 1 and throughput drops < 20% against `open`.
-
-    .venv/bin/python benchmarks/gateway_overhead.py [--requests 1500] [--chunks 20] [--rounds 5]
+    .venv/bin/python benchmarks/gateway_overhead.py [--tools auto|native|python] [--seconds 2]
+        [--requests 1500] [--chunks 20] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing as mp
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -49,99 +51,43 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import wrk_load  # noqa: E402
 from benchmarks.gateway_procs import (  # noqa: E402
     REDIS_URL,
+    STREAM_MODEL,
+    Nginx,
     drop_prefix,
     high_limit_key,
-    run_mock,
+    mock_answer,
     start_gateway,
+    start_python_mock,
     wait_ready,
 )
-from benchmarks.http_load import Bench, Burst, Endpoint, Level, rss_mb  # noqa: E402
+from benchmarks.gateway_report import Rounds, Target, print_cpu_split, print_table  # noqa: E402
+from benchmarks.http_load import Bench, Burst, Endpoint, Level, Upstreams, rss_mb  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
-IDLE_RSS_MB: list[float] = []
-LOAD: list[tuple[float, float, float]] = []  # the open gateway's, once ready and before any request
 PATHS = ("direct", "open", "keyed", "keyed2")  # keyed2: the keyed gateway with 2 workers
+LEVELS = [Level(c, stream) for stream in (False, True) for c in CONCURRENCY]
 
 
-@dataclass
-class Target:
-    name: str
-    unit: str
-    limit: float
-    below: bool  # met when the figure is below the limit (else at or above it)
-    rounds: list[float]
-
-    def line(self) -> str:
-        value = statistics.median(self.rounds)
-        met = value < self.limit if self.below else value >= self.limit
-        spread = f"rounds {min(self.rounds):.{self._digits}f}..{max(self.rounds):.{self._digits}f}"
-        sign = "<" if self.below else ">="
-        return (
-            f"  {self.name}: {value:.{self._digits}f}{self.unit} ({spread}; "
-            f"{sign} {self.limit:g}{self.unit}: {'met' if met else 'NOT met'})"
-        )
-
-    @property
-    def _digits(self) -> int:
-        return {" ms": 3, "x": 2}.get(self.unit, 1)
+Round = dict[tuple[str, Level], Burst]
 
 
-Rounds = list[dict[tuple[str, Level], Burst]]
+def _peak(r: Round, label: str) -> float:
+    return max(r[(label, Level(c, False))].rps for c in CONCURRENCY)
 
 
-def _median_burst(rounds: Rounds, label: str, level: Level) -> Burst:
-    bursts = [r[(label, level)] for r in rounds]
-
-    def med(get: Callable[[Burst], float | None]) -> float | None:
-        values = [v for v in map(get, bursts) if v is not None]
-        return statistics.median(values) if values else None
-
-    return Burst(
-        med(lambda b: b.rps) or 0.0,
-        med(lambda b: b.p50_ms) or 0.0,
-        med(lambda b: b.p99_ms) or 0.0,
-        med(lambda b: b.gateway_cpu_ms),
-        med(lambda b: b.redis_cpu_ms) or 0.0,
-    )
-
-
-def _print_table(rounds: Rounds, levels: list[Level]) -> None:
-    print(
-        f"\n{'path':8} {'conc':>4} {'mode':6} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'added p50':>10} {'gw cpu ms/req':>14} {'redis cpu ms/req':>17} {'req/s vs direct':>16}"
-    )
-    for label in PATHS:
-        for level in levels:
-            b = _median_burst(rounds, label, level)
-            added = [
-                r[(label, level)].p50_ms - r[("direct", level)].p50_ms
-                for r in rounds
-                if label != "direct"
-            ]
-            added_s = f"{statistics.median(added):10.3f}" if added else ""
-            cpu = "" if b.gateway_cpu_ms is None else f"{b.gateway_cpu_ms:14.3f}"
-            ratio = b.rps / _median_burst(rounds, "direct", level).rps
-            print(
-                f"{label:8} {level.concurrency:4d} {level.mode:6} {b.rps:9.0f} {b.p50_ms:8.3f} "
-                f"{b.p99_ms:8.3f} {added_s:>10} {cpu:>14} {b.redis_cpu_ms:17.3f} {ratio:16.2f}"
-            )
-
-
-def _targets(rounds: Rounds, chunks: int) -> list[Target]:
+def _earlier_targets(rounds: Rounds, chunks: int) -> list[Target]:
+    """The targets of the issues before 14 (2-core machine)."""
     json1, stream1 = Level(1, False), Level(1, True)
-
-    def peak(r: dict[tuple[str, Level], Burst], label: str) -> float:
-        return max(r[(label, Level(c, False))].rps for c in CONCURRENCY)
-
-    def per_chunk_us(r: dict[tuple[str, Level], Burst], label: str) -> float:
-        cpu_json = r[(label, json1)].gateway_cpu_ms or 0.0
-        cpu_stream = r[(label, stream1)].gateway_cpu_ms or 0.0
-        return (cpu_stream - cpu_json) / chunks * 1000
-
     targets = []
     for label in ("open", "keyed"):
+
+        def per_chunk_us(r: Round, label: str = label) -> float:
+            cpu_json = r[(label, json1)].gateway_cpu_ms or 0.0
+            return ((r[(label, stream1)].gateway_cpu_ms or 0.0) - cpu_json) / chunks * 1000
+
         added = [r[(label, json1)].p50_ms - r[("direct", json1)].p50_ms for r in rounds]
         targets += [
             Target(f"[{label}] added p50 at c=1", " ms", 1.0, True, added),
@@ -150,17 +96,17 @@ def _targets(rounds: Rounds, chunks: int) -> list[Target]:
                 " req/s",
                 1500,
                 False,
-                [peak(r, label) for r in rounds],
+                [_peak(r, label) for r in rounds],
             ),
             Target(
                 f"[{label}] streaming CPU per chunk",
                 " us",
                 50,
                 True,
-                [per_chunk_us(r, label) for r in rounds],
+                list(map(per_chunk_us, rounds)),
             ),
         ]
-    targets += [
+    return targets + [
         Target(
             "auth + admission + settlement p50 at c=1 (keyed - open, within each round)",
             " ms",
@@ -173,24 +119,23 @@ def _targets(rounds: Rounds, chunks: int) -> list[Target]:
             "%",
             20,
             True,
-            [100 * (1 - peak(r, "keyed") / peak(r, "open")) for r in rounds],
+            [100 * (1 - _peak(r, "keyed") / _peak(r, "open")) for r in rounds],
         ),
     ]
-    return targets
 
 
-def _issue14_targets(rounds: Rounds) -> list[Target]:
+def _issue14_targets(rounds: Rounds, idle_mb: float) -> list[Target]:
     """CPU per request at c=64 (where the machine is saturated and CPU bounds throughput; the
-    gateway's own process, Redis added for keyed), added p50 at one client, idle memory, and
+    gateway's own processes, Redis added for keyed), added p50 at one client, idle memory, and
     keyed throughput with 2 workers against 1."""
     json64, stream64, json1 = Level(64, False), Level(64, True), Level(1, False)
 
-    def cpu(r: dict[tuple[str, Level], Burst], label: str, level: Level, redis: bool) -> float:
-        b = r[(label, level)]
-        return (b.gateway_cpu_ms or 0.0) + (b.redis_cpu_ms if redis else 0.0)
+    def cpu(label: str, level: Level, redis: bool) -> Callable[[Round], float]:
+        def get(r: Round) -> float:
+            b = r[(label, level)]
+            return (b.gateway_cpu_ms or 0.0) + (b.redis_cpu_ms if redis else 0.0)
 
-    def peak(r: dict[tuple[str, Level], Burst], label: str) -> float:
-        return max(r[(label, Level(c, False))].rps for c in CONCURRENCY)
+        return get
 
     return [
         Target(
@@ -198,21 +143,21 @@ def _issue14_targets(rounds: Rounds) -> list[Target]:
             " ms",
             0.35,
             True,
-            [cpu(r, "open", json64, False) for r in rounds],
+            [*map(cpu("open", json64, False), rounds)],
         ),
         Target(
             "[open] CPU per 20-chunk stream",
             " ms",
             0.5,
             True,
-            [cpu(r, "open", stream64, False) for r in rounds],
+            [*map(cpu("open", stream64, False), rounds)],
         ),
         Target(
             "[keyed] CPU per json request, gateway + Redis",
             " ms",
             0.5,
             True,
-            [cpu(r, "keyed", json64, True) for r in rounds],
+            [*map(cpu("keyed", json64, True), rounds)],
         ),
         Target(
             "[keyed] added p50 at c=1",
@@ -221,120 +166,143 @@ def _issue14_targets(rounds: Rounds) -> list[Target]:
             True,
             [r[("keyed", json1)].p50_ms - r[("direct", json1)].p50_ms for r in rounds],
         ),
-        Target("idle memory of the open gateway (no engine)", " MB", 80, True, IDLE_RSS_MB),
+        Target("idle memory of the open gateway (no engine)", " MB", 80, True, [idle_mb]),
         Target(
             "[keyed] peak json throughput, 2 workers / 1 worker",
             "x",
             1.6,
             False,
-            [peak(r, "keyed2") / peak(r, "keyed") for r in rounds],
+            [_peak(r, "keyed2") / _peak(r, "keyed") for r in rounds],
         ),
     ]
 
 
-def _print_cpu_cost(rounds: Rounds) -> None:
-    """What keys cost in CPU per request, gateway and Redis together: a steadier figure than
-    throughput, and what bounds it once the machine is saturated."""
-    level = Level(64, False)
-    open_ = _median_burst(rounds, "open", level)
-    keyed = _median_burst(rounds, "keyed", level)
-    open_total = (open_.gateway_cpu_ms or 0.0) + open_.redis_cpu_ms
-    keyed_total = (keyed.gateway_cpu_ms or 0.0) + keyed.redis_cpu_ms
-    print(
-        f"\nCPU per request at c=64, json (gateway + Redis): open {open_total:.3f} ms, keyed "
-        f"{keyed_total:.3f} ms ({keyed.gateway_cpu_ms or 0.0:.3f} + {keyed.redis_cpu_ms:.3f}); "
-        f"keys add {keyed_total - open_total:.3f} ms = {keyed_total / open_total - 1:.1%}"
-    )
-
-
 async def _gateway(
-    label: str, mock_url: str, prefix: str, chunks: int, redis: Redis
-) -> tuple[subprocess.Popen[bytes], Endpoint]:
-    keyed = label.startswith("keyed")
-    workers = 2 if label == "keyed2" else 1
-    proc, root = start_gateway(mock_url, chunks, keyed, prefix, workers)
-    await wait_ready(root)
-    if label == "open":
-        await asyncio.sleep(1.0)  # settled after start-up, before a request: its idle memory
-        IDLE_RSS_MB.append(rss_mb(proc.pid))
+    label: str, upstreams: tuple[str, str], prefix: str, chunks: int, redis: Redis
+) -> tuple[subprocess.Popen[bytes], Endpoint, float]:
+    """The gateway of `label`, its endpoint, and its resident memory once settled (MB)."""
+    keyed, workers = label.startswith("keyed"), 2 if label == "keyed2" else 1
+    proc, root = start_gateway(*upstreams, chunks, keyed, prefix, workers)
+    await wait_ready(root, workers)
+    await asyncio.sleep(1.0)  # settled after start-up, before a request: its idle memory
+    idle = rss_mb(proc.pid)
     headers = {"Content-Type": "application/json"}
     if keyed:
         headers["Authorization"] = f"Bearer {await high_limit_key(redis, prefix)}"
-    return proc, Endpoint(label, f"{root}/v1/chat/completions", headers, "bench", proc.pid)
+    url = f"{root}/v1/chat/completions"
+    return proc, Endpoint(label, url, url, headers, "bench", STREAM_MODEL, proc.pid), idle
 
 
-async def _run(args: argparse.Namespace, mock_url: str, redis: Redis, prefix: str) -> Rounds:
-    direct = Endpoint(
-        "direct",
-        f"{mock_url}/chat/completions",
-        {"Content-Type": "application/json"},
-        f"echo-chunks-{args.chunks}",
-        None,
-    )
+async def _run(
+    args: argparse.Namespace, native: bool, redis: Redis, prefix: str
+) -> tuple[Rounds, float]:
+    mock_proc, mock_url = start_python_mock()
+    nginx = Nginx(mock_answer(args.chunks)) if native else None
     procs: list[subprocess.Popen[bytes]] = []
-    bench = Bench(redis, args.chunks, args.requests)
+    bench: Bench | None = None
     try:
-        paths = {"direct": direct}
+        json_url = mock_url
+        upstreams = Upstreams(stream_pids=[mock_proc.pid or 0], json_pids=[mock_proc.pid or 0])
+        if nginx is not None:
+            nginx.start()
+            json_url, upstreams.json_pids = nginx.base_url, [nginx.pid]
+        model = f"echo-chunks-{args.chunks}"
+        headers = {"Content-Type": "application/json"}
+        paths = {
+            "direct": Endpoint(
+                "direct",
+                f"{json_url}/chat/completions",
+                f"{mock_url}/chat/completions",
+                headers,
+                model,
+                model,
+                None,
+            )
+        }
+        idle = 0.0
         for label in PATHS[1:]:
-            proc, path = await _gateway(label, mock_url, prefix, args.chunks, redis)
+            proc, paths[label], rss = await _gateway(
+                label, (json_url, mock_url), prefix, args.chunks, redis
+            )
             procs.append(proc)
-            paths[label] = path
-        levels = [Level(c, stream) for stream in (False, True) for c in CONCURRENCY]
-        for level in levels:
+            idle = rss if label == "open" else idle
+        bench = Bench(
+            redis,
+            upstreams,
+            chunks=args.chunks,
+            native=native,
+            requests=args.requests,
+            seconds=args.seconds,
+        )
+        for level in LEVELS:
             for label in PATHS:
                 await bench.warm(paths[label], level)
         rounds: Rounds = []
         for i in range(args.rounds):
-            bursts: dict[tuple[str, Level], Burst] = {}
-            for j, level in enumerate(levels):
+            bursts: Round = {}
+            for j, level in enumerate(LEVELS):
                 shift = (i + j) % len(PATHS)
                 for label in PATHS[shift:] + PATHS[:shift]:
                     bursts[(label, level)] = await bench.burst(paths[label], level)
             rounds.append(bursts)
             print(f"round {i + 1}/{args.rounds} done", file=sys.stderr)
-        return rounds
+        return rounds, idle
     finally:
-        await bench.close()
+        if bench is not None:
+            await bench.close()
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             proc.wait(timeout=30)
+        if nginx is not None:
+            nginx.stop()
+        mock_proc.terminate()
+
+
+def _tools(choice: str) -> bool:
+    """True for the native tools (wrk, nginx); exits when they are asked for but missing."""
+    found = wrk_load.available() and Nginx.available()
+    if choice == "native" and not found:
+        sys.exit("--tools native needs wrk and nginx: apt-get install -y wrk nginx-light")
+    if choice == "auto" and not found:
+        print(
+            "wrk or nginx not found: the Python load generator and mock are used, and their CPU "
+            "bounds the 2-worker ratio (apt-get install -y wrk nginx-light)",
+            file=sys.stderr,
+        )
+    return found and choice != "python"
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=1500, help="requests per burst")
+    parser.add_argument("--tools", choices=("auto", "native", "python"), default="auto")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per wrk burst")
+    parser.add_argument("--requests", type=int, default=1500, help="requests per Python burst")
     parser.add_argument("--chunks", type=int, default=20, help="chunks per streamed answer")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; medians reported")
     args = parser.parse_args()
-    LOAD.append(os.getloadavg())
-
-    ctx = mp.get_context("spawn")
-    queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
-    mock_proc = ctx.Process(target=run_mock, args=(queue,), daemon=True)
-    mock_proc.start()
-    mock_url = queue.get(timeout=30)
+    native = _tools(args.tools)
+    load_before = os.getloadavg()
     prefix = f"bench:{uuid.uuid4().hex}:"
     redis = Redis.from_url(REDIS_URL)
     try:
-        rounds = await _run(args, mock_url, redis, prefix)
+        rounds, idle_mb = await _run(args, native, redis, prefix)
     finally:
-        mock_proc.terminate()
         await drop_prefix(redis, prefix)
         await redis.aclose()
-    levels = [Level(c, stream) for stream in (False, True) for c in CONCURRENCY]
+    tools = "wrk + nginx (JSON) + Python mock (streams)" if native else "Python load + Python mock"
     print(
-        f"cpus={os.cpu_count()} requests/burst={args.requests} chunks={args.chunks} "
-        f"rounds={args.rounds} (medians over rounds; mock, both gateways, Redis and the load "
-        "generator share the cores)"
+        f"cpus={os.cpu_count()} tools: {tools}; bursts of "
+        f"{f'{args.seconds:g} s' if native else f'{args.requests} requests'}, chunks={args.chunks} "
+        f"rounds={args.rounds} (medians over rounds; everything shares the cores)"
     )
-    _print_table(rounds, levels)
-    _print_cpu_cost(rounds)
-    print("\nTargets (median over rounds, and the range of the per-round figures):")
-    for target in _targets(rounds, args.chunks):
+    print_table(rounds, PATHS, LEVELS)
+    print_cpu_split(rounds, PATHS, Level(64, False), os.cpu_count() or 1)
+    print("\nEarlier targets (median over rounds, and the range of the per-round figures):")
+    for target in _earlier_targets(rounds, args.chunks):
         print(target.line())
-    print(f"\nIssue 14 targets (load average before/after: {LOAD[0]} / {os.getloadavg()}):")
-    for target in _issue14_targets(rounds):
+    print(f"\nIssue 14 targets (load average before/after: {load_before} / {os.getloadavg()}):")
+    for target in _issue14_targets(rounds, idle_mb):
         print(target.line())
 
 

@@ -1,27 +1,40 @@
-"""The processes a gateway benchmark runs: a mock upstream, `python -m gateway serve` on a
-config written for it, and a key with limits set high; started on 127.0.0.1 and awaited with a
-readiness deadline."""
+"""The processes a gateway benchmark runs: the upstreams (the Python mock; nginx answering the
+JSON chat completion), `python -m gateway serve` on a config written for it, and a key with
+limits set high; started on 127.0.0.1 and awaited with a readiness deadline.
+
+Upstreams: streamed answers always come from the Python mock (tests/mock_upstream.py), one
+write per SSE frame as a live upstream sends them. Non-streamed answers come from nginx when it
+is installed (`return 200` of the very bytes the mock would answer to the benchmark's request,
+so the gateway reads and re-encodes the same answer), and from the Python mock otherwise: nginx
+spends a tenth of the CPU per answer, CPU that the 2-core machine would otherwise take from the
+gateway.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from redis.asyncio import Redis
 
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
-from tests.mock_upstream import MockUpstream
+from tests.mock_upstream import MockUpstream, make_plan, parse_model
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_URL = "redis://127.0.0.1:6379/0"
+STREAM_MODEL = "bench-stream"  # streamed clients ask for this one; JSON clients for "bench"
 
 
 def free_port() -> int:
@@ -30,7 +43,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def request_body(model: str, chunks: int, stream: bool) -> dict[str, Any]:
+    """The benchmark's chat request (the same on every path)."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "the quick brown fox"}],
+        "stream": stream,
+        "max_tokens": chunks + 8,
+    }
+
+
 def run_mock(port_queue: mp.Queue) -> None:  # type: ignore[type-arg]
+    # A burst ends with streams in flight (wrk stops on time): their cut is not an error here.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+
     async def main() -> None:
         mock = MockUpstream()
         await mock.start()
@@ -48,9 +74,92 @@ class _Discard(list):  # type: ignore[type-arg]
         return None
 
 
+def start_python_mock() -> tuple[mp.process.BaseProcess, str]:
+    """The Python mock in a process of its own, and its base URL."""
+    ctx = mp.get_context("spawn")
+    queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    proc = ctx.Process(target=run_mock, args=(queue,), daemon=True)
+    proc.start()
+    return proc, queue.get(timeout=30)
+
+
+def mock_answer(chunks: int) -> bytes:
+    """What the Python mock answers to the benchmark's non-streamed upstream request."""
+    body = request_body(f"echo-chunks-{chunks}", chunks, False)
+    opts = parse_model(body["model"])
+    assert opts is not None
+    mock = MockUpstream()
+    mock._counter = 1
+    return json.dumps(mock._full(body, make_plan(body, opts), legacy=False)).encode()
+
+
+class Nginx:
+    """nginx (one worker) answering POST {base}/chat/completions with a fixed JSON body."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-nginx-"))
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        text = answer.decode()
+        if any(c in text for c in "'\\$"):
+            raise ValueError("the answer needs quoting that nginx's `return` does not do")
+        (self.dir / "nginx.conf").write_text(
+            _NGINX_CONF.format(dir=self.dir, port=self.port, answer=text)
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("nginx") is not None
+
+    def start(self) -> None:
+        nginx = shutil.which("nginx") or "nginx"
+        args = [nginx, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"), "-e", "stderr"]
+        self.proc = subprocess.Popen(args)
+
+    @property
+    def pid(self) -> int:
+        """The master's (its worker is its child: `cpu_seconds` counts both)."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_NGINX_CONF = """
+daemon off;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    keepalive_requests 100000000;
+    keepalive_timeout 600s;
+    server {{
+        listen 127.0.0.1:{port};
+        location = /v1/chat/completions {{
+            default_type application/json;
+            return 200 '{answer}';
+        }}
+    }}
+}}
+"""
+
+
 def start_gateway(
-    mock_url: str, chunks: int, keyed: bool, prefix: str, workers: int = 1
+    json_url: str, stream_url: str, chunks: int, keyed: bool, prefix: str, workers: int = 1
 ) -> tuple[subprocess.Popen[bytes], str]:
+    """`bench` routes to the JSON upstream at `json_url`, `bench-stream` to `stream_url`."""
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "bench.toml"
     config.write_text(f"""
@@ -67,11 +176,16 @@ format = "json"
 level = "warning"
 [auth]
 enabled = {"true" if keyed else "false"}
-[providers.mock]
+[providers.json]
 kind = "openai"
-base_url = "{mock_url}"
+base_url = "{json_url}"
+[providers.stream]
+kind = "openai"
+base_url = "{stream_url}"
 [models."bench"]
-routes = [{{ provider = "mock", model = "echo-chunks-{chunks}" }}]
+routes = [{{ provider = "json", model = "echo-chunks-{chunks}" }}]
+[models."{STREAM_MODEL}"]
+routes = [{{ provider = "stream", model = "echo-chunks-{chunks}" }}]
 """)
     env = {**os.environ, "GATEWAY_USE_PRESETS": "false"}
     proc = subprocess.Popen(
@@ -80,17 +194,23 @@ routes = [{{ provider = "mock", model = "echo-chunks-{chunks}" }}]
     return proc, f"http://127.0.0.1:{port}"
 
 
-async def wait_ready(root: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(200):
+async def wait_ready(root: str, workers: int = 1) -> None:
+    """Until every worker answers /healthz (each on a new connection: SO_REUSEPORT hands a
+    connection to any worker that listens, so a burst begun earlier would miss the late ones)."""
+    seen: set[int] = set()
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(600):
             try:
                 async with session.get(f"{root}/healthz") as resp:
                     if resp.status == 200:
-                        return
+                        seen.add((await resp.json())["worker"])
+                        if len(seen) >= workers:
+                            return
             except aiohttp.ClientError:
                 pass
-            await asyncio.sleep(0.05)
-    raise RuntimeError("the gateway did not start")
+            await asyncio.sleep(0.02 if seen else 0.05)
+    raise RuntimeError(f"the gateway did not start (workers answering: {sorted(seen)})")
 
 
 async def high_limit_key(redis: Redis, prefix: str) -> str:

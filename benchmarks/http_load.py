@@ -1,6 +1,13 @@
 """The load generator of `gateway_overhead.py`: bursts of chat requests at a fixed concurrency
-against one endpoint, with latency percentiles and the CPU seconds per request of the process
-behind it (from /proc) and of Redis (INFO cpu)."""
+against one endpoint, with latency percentiles and the CPU seconds per request of every process
+on the request's path: the gateway (its workers too), Redis (INFO cpu), the upstream mock and the
+load generator itself.
+
+Two load generators send the same request: `wrk` (native; for a fixed time per burst) when it is
+installed, else this module's aiohttp client (a fixed number of requests per burst). The Python
+one spends about as much CPU per request as the gateway, which on a 2-core machine caps what a
+second gateway worker can add (the benchmark prints the bound).
+"""
 
 from __future__ import annotations
 
@@ -9,21 +16,32 @@ import json
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 from redis.asyncio import Redis
 
+from benchmarks import wrk_load
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds of `pid` and of its live children (the workers of `server.workers > 1`)."""
+def own_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of `pid` alone."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its live descendants (the supervisor and workers of `server.workers > 1`)."""
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return own + sum(cpu_seconds(int(child)) for child in children)
+    return [pid, *(p for child in children for p in process_tree(int(child)))]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds of `pid` and of its live descendants."""
+    return sum(map(own_cpu_seconds, process_tree(pid)))
 
 
 def rss_mb(pid: int) -> float:
@@ -34,7 +52,7 @@ def rss_mb(pid: int) -> float:
     raise ValueError(f"no VmRSS for {pid}")
 
 
-async def _rediscpu_seconds(redis: Redis) -> float:
+async def _redis_cpu_seconds(redis: Redis) -> float:
     info = await redis.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
@@ -51,13 +69,41 @@ class Level:
 
 @dataclass
 class Burst:
-    """One burst of requests on one path at one level."""
+    """One burst of requests on one path at one level; CPU figures are ms per request."""
 
     rps: float
     p50_ms: float
     p99_ms: float
-    gateway_cpu_ms: float | None  # gateway process CPU per request
-    redis_cpu_ms: float  # Redis server CPU per request (whoever else uses it counts too)
+    gateway_cpu_ms: float | None  # the gateway's processes (None on the direct path)
+    redis_cpu_ms: float  # the Redis server (whoever else uses it counts too)
+    mock_cpu_ms: float = 0.0  # the upstream that answered
+    load_cpu_ms: float = 0.0  # the load generator
+    process_cpu_ms: tuple[float, ...] = ()  # the gateway's, process by process (supervisor first)
+
+    @property
+    def total_cpu_ms(self) -> float:
+        return (
+            (self.gateway_cpu_ms or 0.0) + self.redis_cpu_ms + self.mock_cpu_ms + self.load_cpu_ms
+        )
+
+
+@dataclass
+class Endpoint:
+    label: str
+    url: str  # JSON requests go here
+    stream_url: str  # streamed ones here (the direct path's stream upstream differs)
+    headers: dict[str, str]
+    model: str
+    stream_model: str
+    pid: int | None  # the gateway's process (its workers are its children)
+
+
+@dataclass
+class Upstreams:
+    """The processes whose CPU is the upstream's, for JSON and for streamed answers."""
+
+    json_pids: list[int] = field(default_factory=list)
+    stream_pids: list[int] = field(default_factory=list)
 
 
 async def load(
@@ -92,68 +138,93 @@ async def load(
     return time.perf_counter() - started, latencies
 
 
-@dataclass
-class Endpoint:
-    label: str
-    url: str
-    headers: dict[str, str]
-    model: str
-    pid: int | None
-
-
 class Bench:
-    def __init__(self, redis: Redis, chunks: int, requests: int) -> None:
+    """`native`: bursts by wrk of `seconds` each; else by aiohttp of `requests` each (a quarter
+    of that, at least 200, at one client)."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        upstreams: Upstreams,
+        *,
+        chunks: int,
+        native: bool,
+        requests: int,
+        seconds: float,
+    ) -> None:
         self._redis = redis
+        self._upstreams = upstreams
         self._chunks = chunks
+        self._native = native
         self._requests = requests
+        self._seconds = seconds
         # One connection pool per (path, concurrency), kept across rounds: a burst measures
         # requests, not connection set-up.
         self._sessions: dict[tuple[str, int], aiohttp.ClientSession] = {}
-
-    def _session(self, label: str, concurrency: int) -> aiohttp.ClientSession:
-        key = (label, concurrency)
-        if key not in self._sessions:
-            connector = aiohttp.TCPConnector(limit=concurrency)
-            self._sessions[key] = aiohttp.ClientSession(connector=connector)
-        return self._sessions[key]
+        self._scripts: dict[tuple[str, bool], Path] = {}
 
     async def close(self) -> None:
         for session in self._sessions.values():
             await session.close()
+        for path in self._scripts.values():
+            path.unlink(missing_ok=True)
 
     def _body(self, path: Endpoint, level: Level) -> bytes:
         return json.dumps(
             {
-                "model": path.model,
+                "model": path.stream_model if level.stream else path.model,
                 "messages": [{"role": "user", "content": "the quick brown fox"}],
                 "stream": level.stream,
                 "max_tokens": self._chunks + 8,
             }
         ).encode()
 
+    async def warm(self, path: Endpoint, level: Level) -> None:
+        await self._send(path, level, 200, 1.0)
+
+    async def burst(self, path: Endpoint, level: Level) -> Burst:
+        mock_pids = self._upstreams.stream_pids if level.stream else self._upstreams.json_pids
+        gateway = process_tree(path.pid) if path.pid else []
+        cpu0 = [own_cpu_seconds(p) for p in gateway]
+        mock0 = sum(map(cpu_seconds, mock_pids))
+        redis0 = await _redis_cpu_seconds(self._redis)
+        n, elapsed, p50, p99, load_cpu = await self._send(
+            path, level, self._count(level), self._seconds
+        )
+        redis_cpu = (await _redis_cpu_seconds(self._redis) - redis0) / n * 1000
+        mock_cpu = (sum(map(cpu_seconds, mock_pids)) - mock0) / n * 1000
+        each = tuple(
+            (own_cpu_seconds(p) - c) / n * 1000 for p, c in zip(gateway, cpu0, strict=True)
+        )
+        cpu = sum(each) if path.pid else None
+        return Burst(n / elapsed, p50, p99, cpu, redis_cpu, mock_cpu, load_cpu / n * 1000, each)
+
     def _count(self, level: Level) -> int:
         return max(200, self._requests // 4) if level.concurrency == 1 else self._requests
 
-    async def warm(self, path: Endpoint, level: Level) -> None:
-        session = self._session(path.label, level.concurrency)
+    async def _send(
+        self, path: Endpoint, level: Level, count: int, seconds: float
+    ) -> tuple[int, float, float, float, float]:
+        """Requests sent, seconds, p50 ms, p99 ms, the load generator's CPU seconds."""
+        url = path.stream_url if level.stream else path.url
         body = self._body(path, level)
-        await load(session, path.url, path.headers, body, level.concurrency, 200, level.stream)
-
-    async def burst(self, path: Endpoint, level: Level) -> Burst:
-        session = self._session(path.label, level.concurrency)
-        body, n = self._body(path, level), self._count(level)
-        cpu0 = cpu_seconds(path.pid) if path.pid else 0.0
-        redis0 = await _rediscpu_seconds(self._redis)
+        if self._native:
+            key = (path.label, level.stream)
+            if key not in self._scripts:
+                self._scripts[key] = wrk_load.script(body, path.headers)
+            result = await asyncio.to_thread(
+                wrk_load.run, url, self._scripts[key], level.concurrency, seconds
+            )
+            return result.requests, result.seconds, result.p50_ms, result.p99_ms, result.cpu_s
+        key2 = (path.label, level.concurrency)
+        if key2 not in self._sessions:
+            connector = aiohttp.TCPConnector(limit=level.concurrency)
+            self._sessions[key2] = aiohttp.ClientSession(connector=connector)
+        cpu0 = time.process_time()
         elapsed, lat = await load(
-            session, path.url, path.headers, body, level.concurrency, n, level.stream
+            self._sessions[key2], url, path.headers, body, level.concurrency, count, level.stream
         )
-        redis_cpu = (await _rediscpu_seconds(self._redis) - redis0) / n * 1000
-        cpu = (cpu_seconds(path.pid) - cpu0) / n * 1000 if path.pid else None
+        cpu = time.process_time() - cpu0
         lat.sort()
-        return Burst(
-            n / elapsed,
-            statistics.median(lat) * 1000,
-            lat[int(len(lat) * 0.99) - 1] * 1000,
-            cpu,
-            redis_cpu,
-        )
+        p99 = lat[int(len(lat) * 0.99) - 1]
+        return len(lat), elapsed, statistics.median(lat) * 1000, p99 * 1000, cpu

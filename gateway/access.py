@@ -10,6 +10,7 @@ QuotaExceeded), which the error middleware renders as OpenAI error JSON.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -87,8 +88,11 @@ class Outcome:
 
 
 class AccessControl(Protocol):
+    """`admit` and `settle` return awaitables (coroutines, or futures already under way: the
+    Redis implementation sends its script at the call, without a task of its own)."""
+
     async def authenticate(self, token: str | None) -> Principal: ...
 
-    async def admit(self, ticket: Ticket) -> Grant: ...
+    def admit(self, ticket: Ticket) -> Awaitable[Grant]: ...
 
-    async def settle(self, grant: Grant, outcome: Outcome) -> None: ...
+    def settle(self, grant: Grant, outcome: Outcome) -> Awaitable[None]: ...

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 import time
-import uuid
 
 import structlog
 from aiohttp import web
@@ -69,7 +69,7 @@ def render(exc: GatewayError, path: str = "") -> web.Response:
 
 
 def new_request_id() -> str:
-    return f"req_{uuid.uuid4().hex}"
+    return f"req_{secrets.token_hex(16)}"  # 128 random bits, as uuid4's hex but cheaper
 
 
 @web.middleware

@@ -2,8 +2,9 @@
 
 One `Pipeline` per app. `serve` answers one chat or completions request, streaming frame by
 frame or as one JSON body, and settles usage from a `finally` whatever happened (success, provider
-error, client disconnect). Settlement runs beside the response rather than before it; `drain`
-waits for it (the app does on shutdown, so nothing is lost). A stream is kept alive while it has
+error, client disconnect). Settlement follows the response's last byte and runs beside the next
+request (its Redis call is sent at once, with no task of its own); `drain` waits for it (the app
+does on shutdown, so nothing is lost). A stream is kept alive while it has
 nothing to say (gateway/keepalive.py); routes fall back for as long as no token was sent.
 """
 
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Coroutine
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import replace
-from typing import Any
+from functools import partial
 
 import structlog
 from aiohttp import web
@@ -93,13 +94,11 @@ class Pipeline:
             label=self.router.label(public_model),
         )
         grant = await self._admit(ticket, wire)
-        sampling = replace(
-            chat.sampling,
-            max_tokens=output.upstream(grant.max_tokens),
-            max_reasoning_tokens=_smaller(
-                chat.sampling.max_reasoning_tokens, principal.policy.max_reasoning_tokens
-            ),
-        )
+        sampling = chat.sampling
+        max_tokens = output.upstream(grant.max_tokens)
+        reasoning = _smaller(sampling.max_reasoning_tokens, principal.policy.max_reasoning_tokens)
+        if (max_tokens, reasoning) != (sampling.max_tokens, sampling.max_reasoning_tokens):
+            sampling = replace(sampling, max_tokens=max_tokens, max_reasoning_tokens=reasoning)
         started = time.perf_counter()
         tally = Tally()
         status, error_code = 200, None
@@ -110,7 +109,7 @@ class Pipeline:
             events = await self._open(
                 request, decision, chat, sampling, tally, ticket.counted_model
             )
-            return await self._json(wire, grant, public_model, events, tally)
+            return await self._json(request, wire, grant, public_model, events, tally)
         except GatewayError as exc:
             status, error_code = exc.status, exc.code
             raise
@@ -127,14 +126,24 @@ class Pipeline:
             outcome = self._outcome(
                 ticket, tally, decision, request.get(ROUTE, ""), started, status, error_code
             )
-            # Settled in a task of its own: the client's answer does not wait for the
-            # bookkeeping, a cancelled handler cannot lose it, and `drain` awaits it on shutdown.
-            self._track(self._settle(grant, outcome, wire))
+            # The answer is out by now (an error answer follows): the client does not wait
+            # for the bookkeeping, a cancelled handler cannot lose it, and `drain` awaits it.
+            self._track(self._settle(grant, outcome, wire), ticket.request_id)
 
-    def _track(self, settlement: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(settlement)
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+    def _track(self, settlement: Awaitable[None] | None, request_id: str) -> None:
+        if settlement is None:
+            return
+        landing = asyncio.ensure_future(settlement)
+        if landing.done():  # nothing to wait for (auth off)
+            self._settled(request_id, landing)
+            return
+        self._settling.add(landing)
+        landing.add_done_callback(partial(self._settled, request_id))
+
+    def _settled(self, request_id: str, landing: asyncio.Future[None]) -> None:
+        self._settling.discard(landing)
+        if not landing.cancelled() and (exc := landing.exception()) is not None:
+            log.error("settle_failed", request_id=request_id, exc_info=exc)
 
     async def _admit(self, ticket: Ticket, wire: Wire) -> Grant:
         """Admission that a vanishing client cannot leak: if the caller is cancelled while the
@@ -150,7 +159,8 @@ class Pipeline:
         if admission.cancelled() or admission.exception() is not None:
             return
         gone = Outcome(usage=Usage(), status=499, error_code="client_disconnected")
-        self._track(self._settle(admission.result(), gone, wire))
+        grant = admission.result()
+        self._track(self._settle(grant, gone, wire), grant.ticket.request_id)
 
     async def _open(
         self,
@@ -290,6 +300,7 @@ class Pipeline:
 
     async def _json(
         self,
+        request: web.Request,
         wire: Wire,
         grant: Grant,
         model: str,
@@ -307,7 +318,11 @@ class Pipeline:
             await events.aclose()
         completion_id = wire.id_prefix + grant.ticket.request_id
         body = jsoncodec.dumps(agg.body(completion_id, model))
-        return web.Response(body=body, content_type="application/json", headers=grant.headers)
+        resp = web.Response(body=body, content_type="application/json", headers=grant.headers)
+        # Written here, not after the handler returns: settlement then follows the last byte.
+        await resp.prepare(request)
+        await resp.write_eof()
+        return resp
 
     def _outcome(
         self,
@@ -339,7 +354,8 @@ class Pipeline:
             route=route_header,
         )
 
-    async def _settle(self, grant: Grant, outcome: Outcome, wire: Wire) -> None:
+    def _settle(self, grant: Grant, outcome: Outcome, wire: Wire) -> Awaitable[None] | None:
+        """Count the request and start its settlement (None if it could not be started)."""
         series = self.metrics.series(
             wire.endpoint, grant.ticket.counted_model, outcome.provider, str(outcome.status)
         )
@@ -348,13 +364,18 @@ class Pipeline:
         if outcome.ttft_ms is not None:
             series.ttft.observe(outcome.ttft_ms / 1000)
         u = outcome.usage
-        series.prompt_tokens.inc(u.prompt_tokens)
-        series.completion_tokens.inc(u.completion_tokens)
-        series.cached_tokens.inc(u.cached_prompt_tokens)
+        for counter, tokens in (
+            (series.prompt_tokens, u.prompt_tokens),
+            (series.completion_tokens, u.completion_tokens),
+            (series.cached_tokens, u.cached_prompt_tokens),
+        ):
+            if tokens:  # each increment takes the metric's lock
+                counter.inc(tokens)
         try:
-            await self.access.settle(grant, outcome)
+            return self.access.settle(grant, outcome)
         except Exception:
             log.exception("settle_failed", request_id=grant.ticket.request_id)
+            return None
 
 
 def _stream_error(exc: Exception) -> GatewayError:

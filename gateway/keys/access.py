@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from gateway.access import Grant, Outcome, Principal, Ticket
 from gateway.errors import AuthenticationError
 from gateway.keys.keeper import TRANSIENT, Keeper
-from gateway.keys.limiter import Limiter, Settlement
+from gateway.keys.limiter import Admission, Limiter, Settlement
 from gateway.keys.script_batch import Unsent
 from gateway.keys.spool import Spool
 from gateway.keys.store import SECRET_PREFIX, KeyStore, digest
@@ -122,25 +122,30 @@ class RedisAccessControl:
         self._cache[hexdigest] = (time.monotonic() + self._cache_s, principal)
         return principal
 
-    async def admit(self, ticket: Ticket) -> Grant:
+    def admit(self, ticket: Ticket) -> asyncio.Future[Grant]:
+        """The admission script is sent at once; the future holds the grant (or raises the
+        refusal or Redis's failure). No task is made for it: it is on every request's path."""
         principal = ticket.principal
         now = self._clock()
         token = self._limiter.token(now)
-        try:
-            admission = await self._limiter.admit(
-                token,
-                now,
-                principal.key_id,
-                principal.credential,
-                ticket.model,
-                ticket.prompt_tokens,
-                ticket.max_tokens,
-            )
-        except TRANSIENT as exc:
-            if not isinstance(exc, Unsent):  # it may have run, or may run later
-                self.keeper.abandon(token, principal.key_id)
-            raise
-        self.keeper.hold(token, principal.key_id)
+        return self._limiter.admit(
+            token,
+            now,
+            principal.key_id,
+            principal.credential,
+            ticket.model,
+            ticket.prompt_tokens,
+            ticket.max_tokens,
+            partial(self._granted, ticket, token),
+        )
+
+    def _granted(self, ticket: Ticket, token: str, admission: Admission | BaseException) -> Grant:
+        key_id = ticket.principal.key_id
+        if isinstance(admission, BaseException):
+            if isinstance(admission, TRANSIENT) and not isinstance(admission, Unsent):
+                self.keeper.abandon(token, key_id)  # it may have run, or may run later
+            raise admission
+        self.keeper.hold(token, key_id)
         return Grant(
             ticket=ticket,
             max_tokens=admission.max_tokens,
@@ -149,8 +154,9 @@ class RedisAccessControl:
             token=admission.token,
         )
 
-    async def settle(self, grant: Grant, outcome: Outcome) -> None:
-        """Settle now, or spool and retry until Redis takes it (never charged twice)."""
+    def settle(self, grant: Grant, outcome: Outcome) -> asyncio.Future[None]:
+        """Settle now (the script is sent at once), or spool and retry until Redis takes it
+        (never charged twice); the future is done when Redis or the spool has it."""
         settlement = Settlement(
             key_id=grant.ticket.principal.key_id,
             token=grant.token,
@@ -159,8 +165,35 @@ class RedisAccessControl:
             entry=usage_entry(grant, outcome, self._clock()),
         )
         self.keeper.drop(grant.token)
-        try:
-            await self._limiter.settle(settlement)
-        except TRANSIENT as exc:
-            log.warning("settlement_deferred", error=str(exc), request_id=grant.ticket.request_id)
-            await self.keeper.defer(settlement)
+        landing = self._limiter.settle(settlement)
+        done: asyncio.Future[None] = landing.get_loop().create_future()
+        landing.add_done_callback(partial(self._landed, settlement, done))
+        return done
+
+    def _landed(
+        self, settlement: Settlement, done: asyncio.Future[None], landing: asyncio.Future[int]
+    ) -> None:
+        if landing.cancelled():
+            done.cancel()
+        elif (exc := landing.exception()) is None:
+            done.set_result(None)
+        elif isinstance(exc, TRANSIENT):
+            log.warning(
+                "settlement_deferred",
+                error=str(exc),
+                request_id=settlement.entry.record.get("request_id"),
+            )
+            spooled = asyncio.ensure_future(self.keeper.defer(settlement))
+            spooled.add_done_callback(partial(_chain, done))
+        else:
+            done.set_exception(exc)
+
+
+def _chain(done: asyncio.Future[None], step: asyncio.Future[None]) -> None:
+    """`done` ends as `step` did."""
+    if step.cancelled():
+        done.cancel()
+    elif (exc := step.exception()) is None:
+        done.set_result(None)
+    else:
+        done.set_exception(exc)

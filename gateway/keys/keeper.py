@@ -15,8 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Awaitable
 
 import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -152,7 +151,7 @@ class Keeper:
         was answered."""
         releases = list(self._releases.items())
         settlements = list(self._pending.values())
-        calls: list[Coroutine[Any, Any, object]] = [
+        calls: list[Awaitable[object]] = [
             self._limiter.release(key_id, token) for token, key_id in releases
         ]
         calls += [self._limiter.settle(s) for s in settlements]

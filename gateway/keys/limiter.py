@@ -20,6 +20,7 @@ can never over-admit. Rules:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import secrets
@@ -31,10 +32,16 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.errors import AuthenticationError, PermissionDenied, QuotaExceeded, RateLimited
+from gateway.errors import (
+    AuthenticationError,
+    GatewayError,
+    PermissionDenied,
+    QuotaExceeded,
+    RateLimited,
+)
 from gateway.keys.script_batch import Arg, Script, ScriptBatcher
 from gateway.keys.store import KeySpace, lua, text
-from gateway.keys.usage import UsageEntry
+from gateway.keys.usage import RECORD_FIELDS, UsageEntry
 
 _WINDOW_MS = 60_000
 _DAY_SPENT_TTL_MS = 2 * 86_400_000
@@ -42,6 +49,27 @@ _MONTH_SPENT_TTL_MS = 62 * 86_400_000
 # How long the slots, held and gone hashes outlive their last write: a spooled settlement
 # replayed within this long after its request is still recorded exactly once.
 KEEP_MS = 7 * 86_400_000
+_NAMES_KEPT = 10_000  # keys whose Redis key names are kept built
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyNames:
+    """One key's Redis key names on one UTC day; `rpm` and `tpm` still want the minute."""
+
+    key: str
+    slots: str
+    held: str
+    gone: str
+    spent: tuple[str, str, str]  # all time, the day, the month
+    rpm: str
+    tpm: str
+
+
+def _result(reply: Any) -> Any:
+    """The future's value for a reply as it is: raises an error reply."""
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +138,31 @@ class Limiter:
         # Reservation tokens: unique across replicas (a random prefix per process) and cheap.
         self._token_prefix = secrets.token_hex(8)
         self._token_seq = itertools.count()
-        self._day: tuple[int, tuple[str, ...]] = (-1, ())  # the UTC day's spent-key stamps
+        self._day = -1  # the UTC day number that `_names_of` is for
+        self._names_of: dict[str, _KeyNames] = {}
 
-    def _spent_keys(self, key_id: str, now_s: float) -> list[str]:
+    def _names(self, key_id: str, now_s: float) -> _KeyNames:
+        """The names of `key_id`'s Redis keys on the UTC day of `now_s`, built once per key and
+        day (formatting them was a good part of what a request cost here)."""
         day_number = int(now_s // 86_400)
-        if day_number != self._day[0]:
+        if day_number != self._day:
+            self._day, self._names_of = day_number, {}
+        names = self._names_of.get(key_id)
+        if names is None:
+            if len(self._names_of) >= _NAMES_KEPT:
+                self._names_of.clear()
             day = time.strftime("%Y-%m-%d", time.gmtime(now_s))
-            self._day = (day_number, ("all", day, day[:7]))
-        return [self._space.spent(key_id, stamp) for stamp in self._day[1]]
+            s = self._space
+            names = self._names_of[key_id] = _KeyNames(
+                key=s.key(key_id),
+                slots=s.slots(key_id),
+                held=s.held(key_id),
+                gone=s.gone(key_id),
+                spent=(s.spent(key_id, "all"), s.spent(key_id, day), s.spent(key_id, day[:7])),
+                rpm=s.window_prefix("rpm", key_id),
+                tpm=s.window_prefix("tpm", key_id),
+            )
+        return names
 
     async def aclose(self) -> None:
         await self._scripts.aclose()
@@ -127,7 +172,7 @@ class Limiter:
         minute = int(now_s * 1000) // _WINDOW_MS
         return f"{self._token_prefix}{next(self._token_seq):x}.{minute}"
 
-    async def admit(
+    def admit(
         self,
         token: str,
         now_s: float,
@@ -136,24 +181,19 @@ class Limiter:
         model: str,
         prompt_tokens: int,
         max_tokens: int,
-    ) -> Admission:
+        then: Callable[[Any], Any] = _result,
+    ) -> asyncio.Future[Any]:
         """Check the key as it is in Redis now (revoked, rotated, disabled, expired, model not
-        allowed), then reserve under `token` (from `token(now_s)`); one script call."""
+        allowed), then reserve under `token` (from `token(now_s)`); one script call, sent with
+        this loop tick's others. The future holds the Admission, or raises the refusal or
+        failure; with `then`, what `then` makes of either (called as the reply is read)."""
         now_ms = int(now_s * 1000)
         minute = minute_of(token)
         reset_ms = (minute + 1) * _WINDOW_MS - now_ms
-        s = self._space
-        keys = [
-            s.key(key_id),
-            s.slots(key_id),
-            s.held(key_id),
-            s.window("rpm", key_id, minute),
-            s.window("tpm", key_id, minute),
-            *self._spent_keys(key_id, now_s),
-            s.gone(key_id),
-        ]
+        n = self._names(key_id, now_s)
+        keys = [n.key, n.slots, n.held, f"{n.rpm}{minute}", f"{n.tpm}{minute}", *n.spent, n.gone]
         prompt, wanted = max(prompt_tokens, 0), max(max_tokens, 1)
-        args: list[str | int] = [
+        args: list[Arg] = [
             now_ms,
             token,
             prompt,
@@ -164,50 +204,36 @@ class Limiter:
             model,
             KEEP_MS,
         ]
-        result = await self._scripts.run(self._admit, keys, args)
-        if result[0] == 0:
-            _, grant, reserved, rpm, rpm_left, tpm, tpm_left = result
-            headers: dict[str, str] = {}
-            if rpm != -1:
-                headers.update(_headers("requests", rpm, rpm_left, reset_ms))
-            if tpm != -1:
-                headers.update(_headers("tokens", tpm, tpm_left, reset_ms))
-            return Admission(grant, reserved, token, headers)
-        match [text(v) if isinstance(v, bytes) else str(v) for v in result]:
-            case ["1", why]:
-                raise AuthenticationError(f"This API key has been {why}.")
-            case ["4"]:
-                message = f"This API key may not use the model '{model}'."
-                raise PermissionDenied(message, param="model", code="model_not_allowed")
-            case ["2", left]:
-                raise QuotaExceeded(
-                    f"This API key's token budget is exhausted ({left} tokens left, the prompt "
-                    f"alone needs about {prompt_tokens}).",
-                )
-            case ["3", retry_ms, limit_name, limit]:
-                raise _rate_limited(limit_name, int(limit), int(retry_ms), prompt_tokens)
-            case ["5"]:  # released after the gateway gave up on it: the client had its 503
-                raise RedisTimeoutError("This admission was abandoned and released.")
-        raise AssertionError(f"unexpected admission result {result!r}")
 
-    async def settle(self, settlement: Settlement) -> int:
+        def parse(reply: Any) -> Any:
+            if not isinstance(reply, BaseException):
+                try:
+                    reply = _admission(reply, token, reset_ms, model, prompt_tokens)
+                except (GatewayError, RedisTimeoutError) as refused:
+                    reply = refused
+            return then(reply)
+
+        return self._scripts.run(self._admit, keys, args, parse)
+
+    def settle(self, settlement: Settlement) -> asyncio.Future[int]:
         """Release the reservation, charge the tokens used, record the usage entry; the tokens
-        charged, or -1 when this settlement had been applied before."""
-        now_s = self._clock()
+        charged, or -1 when this settlement had been applied before. Sent with this loop
+        tick's other calls."""
         key_id, token, entry = settlement.key_id, settlement.token, settlement.entry
+        n = self._names(key_id, self._clock())
         s = self._space
         keys = [
-            s.key(key_id),
-            s.slots(key_id),
-            s.held(key_id),
-            s.window("tpm", key_id, minute_of(token)),
-            *self._spent_keys(key_id, now_s),
+            n.key,
+            n.slots,
+            n.held,
+            f"{n.tpm}{minute_of(token)}",
+            *n.spent,
             s.usage_day(entry.day),
             s.usage_days(),
             s.usage_log(),
-            s.gone(key_id),
+            n.gone,
         ]
-        args: list[str | int | bytes] = [
+        args: list[Arg] = [
             token,
             settlement.reserved,
             max(settlement.used, 0),
@@ -219,9 +245,9 @@ class Limiter:
         ]
         for field, increment in entry.counters.items():
             args += (field, increment)
-        for field, value in entry.record.items():
-            args += (field, value)
-        return int(await self._scripts.run(self._settle, keys, args))
+        record = entry.record
+        args += [record.get(field, "") for field in RECORD_FIELDS]
+        return self._scripts.run(self._settle, keys, args)
 
     async def release(self, key_id: str, token: str) -> bool:
         """Undo an admission the gateway gave up on, or bar it from landing later; True when
@@ -246,6 +272,36 @@ class Limiter:
         for tokens in live.values():
             args += (len(tokens), *tokens)
         return int(await self._scripts.run(self._renew, keys, args))
+
+
+def _admission(
+    result: list[Any], token: str, reset_ms: int, model: str, prompt_tokens: int
+) -> Admission:
+    """admit.lua's reply as an admission, or the refusal it stands for (raised)."""
+    if result[0] == 0:
+        _, grant, reserved, rpm, rpm_left, tpm, tpm_left = result
+        headers: dict[str, str] = {}
+        if rpm != -1:
+            headers.update(_headers("requests", rpm, rpm_left, reset_ms))
+        if tpm != -1:
+            headers.update(_headers("tokens", tpm, tpm_left, reset_ms))
+        return Admission(grant, reserved, token, headers)
+    match [text(v) if isinstance(v, bytes) else str(v) for v in result]:
+        case ["1", why]:
+            raise AuthenticationError(f"This API key has been {why}.")
+        case ["4"]:
+            message = f"This API key may not use the model '{model}'."
+            raise PermissionDenied(message, param="model", code="model_not_allowed")
+        case ["2", left]:
+            raise QuotaExceeded(
+                f"This API key's token budget is exhausted ({left} tokens left, the prompt "
+                f"alone needs about {prompt_tokens}).",
+            )
+        case ["3", retry_ms, limit_name, limit]:
+            raise _rate_limited(limit_name, int(limit), int(retry_ms), prompt_tokens)
+        case ["5"]:  # released after the gateway gave up on it: the client had its 503
+            raise RedisTimeoutError("This admission was abandoned and released.")
+    raise AssertionError(f"unexpected admission result {result!r}")
 
 
 def _rate_limited(name: str, limit: int, retry_ms: int, prompt_tokens: int) -> RateLimited:

@@ -9,6 +9,9 @@ serves thousands of requests a second. Each script still runs atomically on its 
 
 - Scripts missing from the server's cache (a restart, SCRIPT FLUSH) are sent again as EVAL.
 - A script's error reply fails only its caller (`ResponseError`).
+- A caller may pass `parse`, which turns the raw reply (or the error the call failed with) into
+  the future's result, or raises: it runs as the reply is read, so the caller's own work on the
+  reply costs no extra turn of the event loop.
 - No reply within `timeout_s` fails every call waiting on the connection with a redis-py
   `TimeoutError` and closes it; a lost connection fails them with `ConnectionError`. The next
   call opens a new connection. Both are `RedisError`s, which the gateway answers with a 503.
@@ -21,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -33,6 +36,8 @@ from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Arg = str | int | bytes
+# The raw reply, or the exception the call failed with -> the caller's result (or it raises).
+Parse = Callable[[Any], Any]
 
 
 class Unsent(RedisConnectionError):
@@ -55,12 +60,18 @@ class _Call:
     future: asyncio.Future[Any]
     script: Script | None = None  # set while a NOSCRIPT reply may still be retried as EVAL
     deadline: float = 0.0
+    parse: Parse | None = None
 
     @classmethod
     def evalsha(
-        cls, script: Script, keys: Sequence[str], args: Sequence[Arg], future: asyncio.Future[Any]
+        cls,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        future: asyncio.Future[Any],
+        parse: Parse | None,
     ) -> _Call:
-        return cls(("EVALSHA", script.sha, len(keys), *keys, *args), future, script)
+        return cls(("EVALSHA", script.sha, len(keys), *keys, *args), future, script, 0.0, parse)
 
     def as_eval(self) -> None:
         assert self.script is not None
@@ -68,9 +79,15 @@ class _Call:
         self.script = None
 
 
-def _resolve(future: asyncio.Future[Any], reply: Any) -> None:
+def _resolve(call: _Call, reply: Any) -> None:
+    future = call.future
     if future.done():  # the caller went away; it arranged for what it no longer waits for
         return
+    if call.parse is not None:
+        try:
+            reply = call.parse(reply)
+        except BaseException as exc:  # a refusal the caller's parse raised, or the failure
+            reply = exc
     if isinstance(reply, BaseException):
         future.set_exception(reply)
     else:
@@ -80,12 +97,13 @@ def _resolve(future: asyncio.Future[Any], reply: Any) -> None:
 class _Channel(asyncio.Protocol):
     """One connection: writes batches of calls, answers them in order as replies arrive."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, loop: asyncio.AbstractEventLoop) -> None:
         self._timeout_s = timeout_s
         self._reader = Reader(protocolError=InvalidResponse, replyError=ResponseError)
         self._pending: deque[_Call] = deque()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.loop = loop  # kept: asking asyncio for it costs a getpid() each time (3.11)
         self.open = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -95,7 +113,7 @@ class _Channel(asyncio.Protocol):
 
     def send(self, calls: Sequence[_Call]) -> None:
         assert self._transport is not None
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         deadline = loop.time() + self._timeout_s
         for call in calls:
             call.deadline = deadline
@@ -124,7 +142,7 @@ class _Channel(asyncio.Protocol):
                 call.as_eval()
                 retry.append(call)
             else:
-                _resolve(call.future, reply)
+                _resolve(call, reply)
         if retry:
             self.send(retry)
 
@@ -132,7 +150,7 @@ class _Channel(asyncio.Protocol):
         self._timer = None
         if not self._pending:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         oldest = self._pending[0].deadline
         if oldest <= loop.time():
             self.fail(RedisTimeoutError(f"Redis did not answer within {self._timeout_s:g}s"))
@@ -143,7 +161,7 @@ class _Channel(asyncio.Protocol):
         """Fail every waiting call with `exc` and drop the connection."""
         self.open = False
         while self._pending:
-            _resolve(self._pending.popleft().future, exc)
+            _resolve(self._pending.popleft(), exc)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -177,16 +195,26 @@ class ScriptBatcher:
         self._connecting: asyncio.Task[None] | None = None
         self._closed = False
 
-    def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> asyncio.Future[Any]:
-        """The script's result, sent with whatever else this loop tick runs."""
-        loop = asyncio.get_running_loop()
+    def run(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        parse: Parse | None = None,
+    ) -> asyncio.Future[Any]:
+        """The script's result (through `parse`, if given), sent with whatever else this loop
+        tick runs."""
+        channel = self._channel
+        loop = channel.loop if channel is not None and channel.open else None
+        loop = loop or asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
+        call = _Call.evalsha(script, keys, args, future, parse)
         if self._closed:
-            future.set_exception(Unsent("The script connection is closed."))
+            _resolve(call, Unsent("The script connection is closed."))
             return future
         if not self._queue:
             loop.call_soon(self._flush)
-        self._queue.append(_Call.evalsha(script, keys, args, future))
+        self._queue.append(call)
         return future
 
     async def aclose(self) -> None:
@@ -217,7 +245,7 @@ class ScriptBatcher:
             error = Unsent(f"Could not connect to Redis: {exc!r}")
             waiting, self._waiting = self._waiting, []
             for call in waiting:
-                _resolve(call.future, error)
+                _resolve(call, error)
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -228,7 +256,7 @@ class ScriptBatcher:
         kw = self._kwargs
 
         def channel() -> _Channel:
-            return _Channel(self._timeout_s)
+            return _Channel(self._timeout_s, loop)
 
         if "path" in kw:
             _, ch = await loop.create_unix_connection(channel, kw["path"])

@@ -78,7 +78,11 @@ class KeySpace:
 
     def window(self, kind: str, key_id: str, minute: int) -> str:
         """Counter of requests (`rpm`) or tokens (`tpm`) in one UTC minute."""
-        return f"{self.prefix}{kind}:{key_id}:{minute}"
+        return f"{self.window_prefix(kind, key_id)}{minute}"
+
+    def window_prefix(self, kind: str, key_id: str) -> str:
+        """`window(kind, key_id, minute)` without the minute."""
+        return f"{self.prefix}{kind}:{key_id}:"
 
     def spent(self, key_id: str, stamp: str) -> str:
         """Tokens charged against the budget in one period (`all`, `2026-11-29`, `2026-11`)."""

@@ -29,6 +29,32 @@ METRICS = (
 )
 
 
+# The usage stream entry's fields after `charged_tokens`, in the order settle.lua writes them:
+# settlement sends their values only (each argument a script is passed costs Redis about as
+# much as a command does).
+RECORD_FIELDS = (
+    "ts",
+    "request_id",
+    "key_id",
+    "model",
+    "provider",
+    "route_model",
+    "thinking",
+    "route_reason",
+    "route",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
+    "max_tokens",
+    "reserved_tokens",
+    "latency_ms",
+    "ttft_ms",
+    "status",
+    "error_code",
+)
+
+
 def day_of(moment: datetime) -> str:
     return moment.astimezone(UTC).date().isoformat()
 
@@ -46,29 +72,31 @@ def usage_entry(grant: Grant, outcome: Outcome, now: float) -> UsageEntry:
     ticket, usage = grant.ticket, outcome.usage
     moment = datetime.fromtimestamp(now, UTC)
     failed = outcome.status >= 400 or outcome.error_code is not None
-    values = {
-        "requests": 1,
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "reasoning_tokens": usage.reasoning_tokens,
-        "cached_tokens": usage.cached_prompt_tokens,
-        "errors": int(failed),
-    }
-    prefix = ticket.principal.key_id
-    model = ticket.counted_model
-    counters = {f"{prefix}|{name}|{model}": value for name, value in values.items() if value}
-    thinking = {None: "", True: "on", False: "off"}[outcome.thinking]
+    tokens = (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.reasoning_tokens,
+        usage.cached_prompt_tokens,
+    )
+    values = (1, *tokens, int(failed))  # in the order of METRICS
+    key_id, model = ticket.principal.key_id, ticket.counted_model
+    counters = {f"{key_id}|{name}|{model}": v for name, v in zip(METRICS, values, strict=True) if v}
+    prompt, completion, reasoning, cached = (str(n) for n in tokens)
+    ts = moment.isoformat()
     record = {
-        "ts": moment.isoformat(),
+        "ts": ts,
         "request_id": ticket.request_id,
         "key_id": ticket.principal.key_id,
         "model": ticket.model,
         "provider": outcome.provider,
         "route_model": outcome.route_model,
-        "thinking": thinking,
+        "thinking": _THINKING[outcome.thinking],
         "route_reason": outcome.route_reason,
         "route": outcome.route,
-        **{name: str(value) for name, value in values.items() if name.endswith("_tokens")},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "reasoning_tokens": reasoning,
+        "cached_tokens": cached,
         "max_tokens": str(grant.max_tokens),
         "reserved_tokens": str(grant.reserved_tokens),
         "latency_ms": f"{outcome.latency_ms:.1f}",
@@ -76,7 +104,10 @@ def usage_entry(grant: Grant, outcome: Outcome, now: float) -> UsageEntry:
         "status": str(outcome.status),
         "error_code": outcome.error_code or "",
     }
-    return UsageEntry(day=day_of(moment), counters=counters, record=record)
+    return UsageEntry(day=ts[:10], counters=counters, record=record)
+
+
+_THINKING = {None: "", True: "on", False: "off"}
 
 
 class UsageReader:

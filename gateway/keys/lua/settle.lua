@@ -8,8 +8,9 @@
 --       10 usage stream, 11 gone hash
 -- ARGV: 1 request token, 2 reserved tokens, 3 used tokens (prompt + completion), 4 UTC day,
 --       5 ttl of a day's spent counter (ms), 6 ttl of a month's (ms), 7 stream maxlen,
---       8 n, then n pairs (counter field, increment), then the stream entry's field/value pairs.
---       (Flat rather than JSON: decoding JSON was a quarter of this script's cost.)
+--       8 n, then n pairs (counter field, increment), then the stream entry's values in the
+--       order of its fields below (usage.RECORD_FIELDS). Flat rather than JSON (decoding JSON
+--       was a quarter of this script's cost), and values only: every argument costs.
 -- Returns the tokens charged against the budget, or -1 when this settlement was applied before.
 local token, reserved, used = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
@@ -54,6 +55,14 @@ for i = 9, 8 + 2 * counters, 2 do
   redis.call('HINCRBY', KEYS[8], ARGV[i], ARGV[i + 1])
 end
 redis.call('SADD', KEYS[9], ARGV[4])
+local r = 8 + 2 * counters
 redis.call('XADD', KEYS[10], 'MAXLEN', ARGV[7], '*', 'charged_tokens', charge,
-           unpack(ARGV, 9 + 2 * counters))
+           'ts', ARGV[r + 1], 'request_id', ARGV[r + 2], 'key_id', ARGV[r + 3],
+           'model', ARGV[r + 4], 'provider', ARGV[r + 5], 'route_model', ARGV[r + 6],
+           'thinking', ARGV[r + 7], 'route_reason', ARGV[r + 8], 'route', ARGV[r + 9],
+           'prompt_tokens', ARGV[r + 10], 'completion_tokens', ARGV[r + 11],
+           'reasoning_tokens', ARGV[r + 12], 'cached_tokens', ARGV[r + 13],
+           'max_tokens', ARGV[r + 14], 'reserved_tokens', ARGV[r + 15],
+           'latency_ms', ARGV[r + 16], 'ttft_ms', ARGV[r + 17], 'status', ARGV[r + 18],
+           'error_code', ARGV[r + 19])
 return charge
