@@ -9,7 +9,7 @@ from typing import Protocol
 from backend.engine.llm_engine import RequestOutput
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
-from providers.types import RouteTrace
+from providers.types import EngineFit, RouteTrace
 
 
 class EngineClient(Protocol):
@@ -21,6 +21,14 @@ class EngineClient(Protocol):
 
 
 class EnginePlacer(Protocol):
-    def place(self, prompt_ids: Sequence[int], trace: RouteTrace) -> EngineClient:
-        """The engine to serve `prompt_ids`; the choice is explained in `trace.placement`."""
+    def place(
+        self, prompt_ids: Sequence[int], block_hashes: Sequence[bytes], trace: RouteTrace
+    ) -> EngineClient:
+        """The engine to serve `prompt_ids` (whose reusable blocks hash to `block_hashes`);
+        the choice is explained in `trace.placement`."""
+        ...
+
+    def fit(self, num_tokens: int, block_hashes: Sequence[bytes]) -> EngineFit:
+        """Where `place` would put such a prompt now, and how much of it is cached there
+        (nothing is marked: the router asks before the request is admitted)."""
         ...

@@ -26,6 +26,7 @@ from backend.engine.async_engine import (
     EngineOverloaded,
     EngineStats,
 )
+from backend.engine.block_hash import extend_chain, root_hash
 from backend.engine.sampling_params import SamplingParams
 from backend.text.chat_template import ChatFormatError
 from backend.text.tokenizer import Tokenizer
@@ -35,6 +36,7 @@ from providers.errors import InvalidRequest, Overloaded, UpstreamUnavailable
 from providers.local_stream import TokenTranslator
 from providers.types import (
     ChatRequest,
+    EngineFit,
     Event,
     Finish,
     FinishReason,
@@ -80,6 +82,8 @@ class LocalProvider:
         self._placer = placer
         self._tokenizer = tokenizer
         self._model_id = model_id
+        self._block_size = engine.block_size
+        self._root = root_hash(engine.hash_seed, engine.block_size)
 
     @property
     def context_length(self) -> int:
@@ -100,6 +104,18 @@ class LocalProvider:
             max_context=self._engine.max_model_len,
         )
 
+    def fit(self, prompt: PreparedPrompt) -> EngineFit:
+        """Where `prompt` would run now and how much of it is cached there, by dict lookups of
+        its block hashes (no I/O): the router's local-or-upstream choice asks it."""
+        if self._placer is not None:
+            return self._placer.fit(prompt.num_tokens, prompt.block_hashes)
+        cached = 0
+        for block in prompt.block_hashes:
+            if not self._engine.is_cached(block):
+                break
+            cached += 1
+        return EngineFit(cached * self._block_size)
+
     async def chat(self, request: ChatRequest) -> AsyncGenerator[Event, None]:
         prompt = request.prepared
         if prompt is None or prompt.owner != self.name:
@@ -118,7 +134,7 @@ class LocalProvider:
         request_id = f"{request.request_id or 'local'}-{uuid.uuid4().hex[:12]}"
         engine: EngineClient = self._engine
         if self._placer is not None:
-            engine = self._placer.place(prompt.ids, request.trace)
+            engine = self._placer.place(prompt.ids, prompt.block_hashes, request.trace)
         outputs = engine.generate(request_id, prompt.ids, params)
         num_cached = 0
         engine_reason: str | None = None
@@ -191,7 +207,9 @@ class LocalProvider:
         thinking = bool(request.thinking)
         if request.prompt is not None:
             ids = tokenizer.encode(request.prompt, add_bos=True)
-            return PreparedPrompt(self.name, ids, thinking, False, False, False)
+            return PreparedPrompt(
+                self.name, ids, thinking, False, False, False, self._block_chain(ids)
+            )
         tools = [_tool_dict(t) for t in request.tools] if request.tool_choice != "none" else []
         try:
             ids = tokenizer.encode_chat(
@@ -202,7 +220,17 @@ class LocalProvider:
         except ChatFormatError as exc:
             raise InvalidRequest(str(exc), provider=self.name, param="messages") from None
         opens = tokenizer.prompt_opens_reasoning(ids)
-        return PreparedPrompt(self.name, ids, thinking, True, opens, bool(tools))
+        return PreparedPrompt(
+            self.name, ids, thinking, True, opens, bool(tools), self._block_chain(ids)
+        )
+
+    def _block_chain(self, ids: list[int]) -> tuple[bytes, ...]:
+        """Hashes of the blocks of `ids` the engine may reuse: full ones, not the last token's."""
+        size = self._block_size
+        reusable = max(0, (len(ids) - 1) // size)
+        hashes: list[bytes] = []
+        extend_chain(hashes, self._root, ids[: reusable * size], size)
+        return tuple(hashes)
 
     def _with_thinking(self, prompt: PreparedPrompt, thinking: bool) -> PreparedPrompt:
         """The prepared prompt with the other thinking switch, without tokenizing again: V3.1's

@@ -88,6 +88,12 @@ class BlockManager:
     def hash_of(self, block_id: int) -> bytes | None:
         return self._hashes[block_id]
 
+    def is_cached(self, block_hash: bytes) -> bool:
+        """Whether content is registered under `block_hash` (in use or free, not yet evicted).
+        One dict membership test and no write, so another thread may ask while the engine runs:
+        the answer is as of a moment ago (a free block may be evicted before it is reused)."""
+        return block_hash in self._block_of_hash
+
     def eviction_order(self) -> list[int]:
         """Free blocks holding cached content, next to be evicted first."""
         return list(self._cached_free)

@@ -128,6 +128,9 @@ def test_lru_evicts_least_recently_freed_and_tails_first() -> None:
     ]
     assert bm.eviction_order() == [new_full[0]]
     assert bm.num_cached_blocks == 1
+    # what the router asks: registered content, free or not, until it is evicted
+    assert [bm.is_cached(h) for h in new.block_hashes] == [True, False]
+    assert not any(bm.is_cached(h) for h in old.block_hashes)
 
 
 def test_reuse_moves_a_block_out_of_the_lru() -> None:
