@@ -109,12 +109,7 @@ class LocalProvider:
         its block hashes (no I/O): the router's local-or-upstream choice asks it."""
         if self._placer is not None:
             return self._placer.fit(prompt.num_tokens, prompt.block_hashes)
-        cached = 0
-        for block in prompt.block_hashes:
-            if not self._engine.is_cached(block):
-                break
-            cached += 1
-        return EngineFit(cached * self._block_size)
+        return EngineFit(self._engine.cached_prefix_blocks(prompt.block_hashes) * self._block_size)
 
     async def chat(self, request: ChatRequest) -> AsyncGenerator[Event, None]:
         prompt = request.prepared

@@ -57,7 +57,7 @@ async def join_cluster(
         block_size,
         engine,
         local_load,
-        engine.is_cached,
+        engine.cached_prefix_blocks,
         follower,
         session,
         settings,

@@ -32,7 +32,7 @@ from providers.types import RouteTrace
 
 class ClusterPlacer:
     """`local_load()`: this node's load now (fresher than its published record);
-    `is_cached(block_hash)`: whether this node's engine holds that block now."""
+    `cached_prefix(hashes)`: how many leading blocks of that chain this node's engine holds."""
 
     def __init__(
         self,
@@ -40,7 +40,7 @@ class ClusterPlacer:
         block_size: int,
         local: EngineClient,
         local_load: Callable[[], NodeLoad],
-        is_cached: Callable[[bytes], bool],
+        cached_prefix: Callable[[Sequence[bytes]], int],
         follower: IndexFollower,
         session: aiohttp.ClientSession,
         settings: ClusterSettings,
@@ -50,7 +50,7 @@ class ClusterPlacer:
         self._block_size = block_size
         self._local = local
         self._local_load = local_load
-        self._is_cached = is_cached
+        self._cached_prefix = cached_prefix
         self._follower = follower
         self._session = session
         self._settings = settings
@@ -97,13 +97,15 @@ class ClusterPlacer:
                 if self._suspects.get(n, 0.0) <= now
             }
         loads[self._node] = self._local_load()
-        lookups = (self._own_blocks, self._peer_blocks, self.pending.lookup(now))
+        own = frozenset(hashes[: self._cached_prefix(hashes)])
+
+        def own_blocks(block: bytes) -> Collection[str]:
+            return self._own if block in own else ()
+
+        lookups = (own_blocks, self._peer_blocks, self.pending.lookup(now))
         size = self._block_size
         placement = place(self._node, hashes, num_tokens, size, loads, self._weights, *lookups)
         return placement, loads
-
-    def _own_blocks(self, block: bytes) -> Collection[str]:
-        return self._own if self._is_cached(block) else ()
 
     def _peer_blocks(self, block: bytes) -> Collection[str]:
         """The index's holders but this node (whose own engine answers for it)."""

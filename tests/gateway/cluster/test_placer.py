@@ -61,8 +61,12 @@ async def placer_for(
     redis, prefix, session = shared
     f = follower(redis, prefix, settings)
     await sync(f)
+
+    def cached_prefix(hashes: list[bytes]) -> int:  # the engine's answer: its leading run
+        return next((i for i, h in enumerate(hashes) if h not in own), len(hashes))
+
     return ClusterPlacer(
-        "a", BS, object(), lambda: NodeLoad(0, 0, 100), own.__contains__, f, session, settings
+        "a", BS, object(), lambda: NodeLoad(0, 0, 100), cached_prefix, f, session, settings
     )  # type: ignore[arg-type]
 
 
