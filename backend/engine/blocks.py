@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 
 from backend.engine.block_hash import extend_chain, root_hash
 from backend.engine.request import Request
@@ -93,11 +94,7 @@ class BlockManager:
         without a hole (in use or free, not yet evicted). Dict membership tests only, no write,
         so another thread may ask while the engine runs: the answer is as of a moment ago (a
         free block may be evicted before the prompt is scheduled)."""
-        registered = self._block_of_hash
-        for i, h in enumerate(hashes):
-            if h not in registered:
-                return i
-        return len(hashes)
+        return len(list(takewhile(self._block_of_hash.__contains__, hashes)))
 
     def eviction_order(self) -> list[int]:
         """Free blocks holding cached content, next to be evicted first."""

@@ -8,6 +8,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from structlog.testing import capture_logs
+
 from gateway.access import Principal
 from gateway.metrics import Metrics
 from gateway.routing.aliases import Route, Router
@@ -26,7 +29,7 @@ FOLLOW_UP = (*FIRST, Message("assistant", "Suppose not."), Message("user", "Than
 
 @dataclass
 class GatedRedis:
-    """GET and SET NX on a dict; each reply waits until `gate` is set."""
+    """GET, and pipelined SET NX, on a dict; each reply waits until `gate` is set."""
 
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     store: dict[str, bytes] = field(default_factory=dict)
@@ -37,13 +40,29 @@ class GatedRedis:
         await self.gate.wait()
         return self.store.get(key)
 
-    async def set(self, key: str, value: str, ex: int, nx: bool) -> bool | None:
-        self.calls.append("set")
-        await self.gate.wait()
-        if nx and key in self.store:
-            return None
-        self.store[key] = value.encode()
-        return True
+    def pipeline(self, transaction: bool) -> Pipeline:
+        return Pipeline(self)
+
+
+@dataclass
+class Pipeline:
+    redis: GatedRedis
+    sets: list[tuple[str, str]] = field(default_factory=list)
+
+    async def __aenter__(self) -> Pipeline:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def set(self, key: str, value: str, ex: int, nx: bool) -> None:
+        self.sets.append((key, value))
+
+    async def execute(self) -> None:
+        self.redis.calls.append(f"set x{len(self.sets)}")
+        await self.redis.gate.wait()
+        for key, value in self.sets:
+            self.redis.store.setdefault(key, value.encode())
 
 
 @dataclass
@@ -67,7 +86,8 @@ async def test_a_first_turn_is_decided_without_waiting_for_its_write() -> None:
     decision = await asyncio.wait_for(decider.decide(inp), 10)  # no Redis reply can arrive
     assert (decision.thinking, decision.reason) == (True, "rule:proof-markers@1")
     await asyncio.sleep(0)
-    assert redis.calls == ["set"] and not redis.store  # sent, not yet answered
+    await asyncio.sleep(0)
+    assert redis.calls == ["set x1"] and not redis.store  # sent, not yet answered
     redis.gate.set()
     await stickiness.drain()
     conversation = conversation_id("k", "m", chat)
@@ -76,7 +96,7 @@ async def test_a_first_turn_is_decided_without_waiting_for_its_write() -> None:
     next_turn = ChatRequest(model="m", messages=FOLLOW_UP)
     follow_up = RoutingInput(next_turn, "chat", "m", ROUTES, "auto", KeyPolicy(), "k", 10)
     assert (await decider.decide(follow_up)).reason == "sticky"
-    assert redis.calls == ["set", "get"]
+    assert redis.calls == ["set x1", "get"]
 
 
 @dataclass
@@ -118,4 +138,26 @@ async def test_a_follow_up_reads_its_mode_while_the_prompt_is_prepared() -> None
     redis.calls.clear()
     await planner.plan(principal, ChatRequest(model="m", messages=FIRST), "chat")
     await stickiness.drain()
-    assert provider.seen == [] and redis.calls == ["set"]
+    assert provider.seen == [] and redis.calls == ["set x1"]
+
+
+async def test_writes_of_one_loop_iteration_share_a_round_trip_and_failures_are_dropped() -> None:
+    redis = GatedRedis()
+    redis.gate.set()
+    stickiness = sticky(redis)
+    stickiness.remember("c1", True)
+    stickiness.remember("c2", False)
+    stickiness.remember("c1", False)  # the first write of a conversation wins
+    await stickiness.drain()
+    assert redis.calls == ["set x2"]
+    assert redis.store == {"p:route:conv:c1": b"on", "p:route:conv:c2": b"off"}
+
+    class Down(GatedRedis):
+        def pipeline(self, transaction: bool) -> Pipeline:
+            raise RedisConnectionError("Redis is away")
+
+    failing = sticky(Down())
+    with capture_logs() as logs:
+        failing.remember("c3", True)
+        await failing.drain()
+    assert [e["event"] for e in logs] == ["sticky_write_failed"]
