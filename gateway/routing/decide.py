@@ -114,7 +114,9 @@ class Decider:
     ) -> Decision:
         """`recalled`: what `recall` started for this request (read here when not given)."""
         policy, client = inp.policy, inp.request.thinking
-        routes = tuple(r for r in inp.routes if policy.may_use(self.is_local(r)))
+        routes = inp.routes
+        if policy.providers != "any":
+            routes = tuple(r for r in routes if policy.may_use(self.is_local(r)))
         if not routes:
             raise PermissionDenied(
                 f"This API key may use only the local engine, and the model "
