@@ -15,6 +15,7 @@ from gateway.appkeys import (
     ACCESS,
     BREAKERS,
     CLUSTER,
+    ENGINE_HOST,
     METRICS,
     PIPELINE,
     REDIS,
@@ -59,12 +60,17 @@ def create_app(settings: Settings, *, worker: int = 0) -> web.Application:
     app.on_response_prepare.append(add_route_header)
     app.cleanup_ctx.append(_resources)
     app.add_routes(handlers.routes())
-    if settings.cluster.enabled:
-        # Imported here: the internal engine endpoint reaches the engine (torch), which a
-        # gateway of upstreams never loads.
+    shares_engine = settings.shares_engine and worker == 0
+    if settings.cluster.enabled or shares_engine:
+        # Imported here: the internal engine endpoint reaches the engine, which a gateway of
+        # upstreams never loads.
         from gateway.cluster import internal
 
         app.add_routes(internal.routes())
+    if shares_engine:
+        from gateway import engine_share
+
+        app.add_routes(engine_share.routes())
     setup_admin(app, settings)
     setup_openapi(app)
     return app
@@ -105,7 +111,15 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         cluster = await stack.enter_async_context(open_cluster(redis, settings))
         if cluster is not None:
             app[CLUSTER] = cluster
-        providers = await stack.enter_async_context(open_providers(settings, app[METRICS], cluster))
+            app[ENGINE_HOST] = cluster
+        worker = app[WORKER]
+        providers = await stack.enter_async_context(
+            open_providers(settings, app[METRICS], cluster, worker=worker)
+        )
+        if settings.shares_engine and worker == 0:
+            from gateway.engine_share import engine_share
+
+            app[ENGINE_HOST] = engine_share(settings, providers)
         direct = {name: p.direct_models for name, p in settings.live_providers()[0].items()}
         router = Router(providers, settings.models, direct, settings.model_patterns)
         app[ROUTER] = router

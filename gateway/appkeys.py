@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from aiohttp import web
 from redis.asyncio import Redis
 
@@ -13,6 +15,25 @@ from gateway.routing import Router
 from gateway.routing.breaker import Breakers
 from gateway.settings import Settings
 from gateway.thinking_signature import ThinkingSigner
+from providers.engine_client import EngineClient
+
+
+class EngineHost(Protocol):
+    """Whoever serves this process's engine on the internal endpoint (gateway/cluster/
+    internal.py): the cluster node, or worker 0 of `[server] workers` (gateway/engine_share.py).
+    """
+
+    @property
+    def secret(self) -> str: ...
+
+    @property
+    def engine(self) -> EngineClient | None: ...
+
+    @property
+    def unix_only(self) -> bool:
+        """Answer on the unix socket only (the public TCP port says 404)."""
+        ...
+
 
 SETTINGS = web.AppKey("settings", Settings)
 REDIS = web.AppKey("redis", Redis)
@@ -24,3 +45,4 @@ BREAKERS = web.AppKey("breakers", Breakers)
 SIGNER = web.AppKey("thinking_signer", ThinkingSigner)
 CLUSTER = web.AppKey("cluster", ClusterNode)
 WORKER = web.AppKey("worker", int)  # which serving process this is (gateway/workers.py)
+ENGINE_HOST = web.AppKey[EngineHost]("engine_host")

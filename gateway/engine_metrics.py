@@ -3,7 +3,8 @@
 A custom collector (no gauges set from the engine thread): each scrape calls the provider's
 `engine_stats()` once and reports queue, running, batch size, KV blocks, prefix-cache hits and
 MTP speculation (drafts proposed, verified, accepted, acceptance, draft time), labelled with
-the provider's name.
+the provider's name. A worker without the engine reports the snapshot it last polled from
+worker 0 (providers/shared_engine.py), and nothing before the first one.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from backend.engine.async_engine import EngineStats
+from backend.engine.interface import EngineStats
 
 
 class EngineCollector(Collector):
-    def __init__(self, provider: str, read_stats: Callable[[], EngineStats]) -> None:
+    def __init__(self, provider: str, read_stats: Callable[[], EngineStats | None]) -> None:
         self._provider = provider
         self._read_stats = read_stats
 
     def collect(self) -> Iterator[Metric]:
         stats = self._read_stats()
+        if stats is None:
+            return
         gauges = {
             "engine_waiting_requests": ("Requests queued, not yet running", stats.num_waiting),
             "engine_running_requests": ("Requests running", stats.num_running),
@@ -97,7 +100,7 @@ class EngineCollector(Collector):
 
 
 def register_engine_metrics(
-    registry: CollectorRegistry, provider: str, read_stats: Callable[[], EngineStats]
+    registry: CollectorRegistry, provider: str, read_stats: Callable[[], EngineStats | None]
 ) -> Callable[[], None]:
     """Add the collector to `registry`; returns the function that removes it again."""
     collector = EngineCollector(provider, read_stats)

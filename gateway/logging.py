@@ -19,15 +19,33 @@ from gateway.redact import redact_event
 from gateway.settings import LoggingSettings
 
 
+class _WorkerField:
+    """A processor adding `worker=<index>` to every event."""
+
+    def __init__(self, worker: int) -> None:
+        self._worker = worker
+
+    def __call__(
+        self, logger: object, method: str, event: structlog.typing.EventDict
+    ) -> structlog.typing.EventDict:
+        event.setdefault("worker", self._worker)
+        return event
+
+
 class _StructlogHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
     """The root handler this module installs (replaced, never stacked, on reconfiguration)."""
 
 
 def configure_logging(
-    settings: LoggingSettings, stream: TextIO | None = None, *, cache: bool = False
+    settings: LoggingSettings,
+    stream: TextIO | None = None,
+    *,
+    cache: bool = False,
+    worker: int | None = None,
 ) -> None:
     """`cache`: each logger keeps the configuration it first logged with (a serving process,
-    configured once: a log call then builds no logger; tests that reconfigure leave it off)."""
+    configured once: a log call then builds no logger; tests that reconfigure leave it off).
+    `worker`: every line says which serving process wrote it (`[server] workers` > 1)."""
     level = getattr(logging, settings.level.upper())
     out = stream or sys.stderr
     renderer: structlog.typing.Processor = (
@@ -40,6 +58,8 @@ def configure_logging(
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    if worker is not None:
+        shared.append(_WorkerField(worker))
     structlog.configure(
         # redact_event: no URL's password reaches a log line
         processors=[*shared, structlog.processors.format_exc_info, redact_event, renderer],

@@ -30,6 +30,9 @@ from gateway.wire.messages_errors import anthropic_error, anthropic_status, is_m
 
 log = structlog.get_logger("gateway.http")
 REQUEST_ID = web.RequestKey("request_id", str)
+# Set by a handler whose successful answers are routine (worker 0's engine polls, ten a
+# second per worker): their access log line is at debug level.
+QUIET = web.RequestKey("quiet_access_log", bool)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _STATUS_TYPES = {
     400: "invalid_request_error",
@@ -138,7 +141,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             500, "Internal server error.", "api_error", "internal_error", path=request.path
         )
     finally:
-        log.info(
+        (log.debug if status < 400 and request.get(QUIET) else log.info)(
             "request",
             method=request.method,
             path=request.path,

@@ -2,8 +2,9 @@
 
 `open_providers` yields one Provider per live provider in settings (`Settings.live_providers`):
 kind "openai" -> `OpenAIUpstream`, kind "anthropic" -> `AnthropicUpstream`, kind "local" -> the
-embedded engine
-(`gateway.local_engine`, whose engine stats also become Prometheus gauges in the app's registry).
+embedded engine (`gateway.local_engine`, whose engine stats also become Prometheus gauges in the
+app's registry), or, in workers 1..N-1 of `[server] workers`, worker 0's engine reached over its
+socket (`gateway.engine_share`).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ def upstream_config(name: str, settings: ProviderSettings) -> UpstreamConfig:
 
 @asynccontextmanager
 async def open_providers(
-    settings: Settings, metrics: Metrics, cluster: ClusterNode | None = None
+    settings: Settings, metrics: Metrics, cluster: ClusterNode | None = None, *, worker: int = 0
 ) -> AsyncIterator[dict[str, Provider]]:
     """One opened Provider per live provider, by name; all are closed when the context exits
-    (a local engine is stopped, its metrics collector removed)."""
+    (a local engine is stopped, its metrics collector removed). `worker`: this serving
+    process's index; only worker 0 loads a local engine."""
     live, skipped = settings.live_providers()
     log.info(
         "providers_live",
@@ -56,7 +58,14 @@ async def open_providers(
     providers: dict[str, Provider] = {}
     async with AsyncExitStack() as stack:
         for name, provider_settings in live.items():
-            if provider_settings.kind == "local":
+            if provider_settings.kind == "local" and settings.shares_engine and worker > 0:
+                # Imported here: the tokenizer, which a gateway of upstreams never needs.
+                from gateway.engine_share import open_shared_local_engine
+
+                providers[name] = await stack.enter_async_context(
+                    open_shared_local_engine(name, settings, metrics)
+                )
+            elif provider_settings.kind == "local":
                 # Imported here: it loads torch, which a gateway of upstreams never needs.
                 from gateway.local_engine import open_local_engine
 

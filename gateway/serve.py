@@ -34,7 +34,9 @@ async def run_server(settings: Settings, *, worker: int = 0, reuse_port: bool = 
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     await site.start()
     log.info("listening", host=host, port=port, worker=worker)
-    unix_path = settings.cluster.internal_socket if settings.cluster.enabled else None
+    # A cluster node's socket, or the one where worker 0 serves its engine to the other workers.
+    serves_engine = settings.cluster.enabled or settings.shares_engine
+    unix_path = settings.cluster.internal_socket if serves_engine else None
     if unix_path is not None and worker == 0:  # one process per node answers the node socket
         unix_path.unlink(missing_ok=True)  # left by a process that was killed
         await web.UnixSite(runner, str(unix_path)).start()
@@ -52,7 +54,9 @@ async def run_server(settings: Settings, *, worker: int = 0, reuse_port: bool = 
 
 def serve_process(settings: Settings, *, worker: int = 0, reuse_port: bool = False) -> None:
     """This process serves until it is told to stop (logging configured, uvloop if present)."""
-    configure_logging(settings.logging, cache=True)
+    configure_logging(
+        settings.logging, cache=True, worker=worker if settings.server.workers > 1 else None
+    )
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(run_server(settings, worker=worker, reuse_port=reuse_port))
 

@@ -24,6 +24,8 @@ from providers.openai_wire import ThinkingStyle
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 RoutingMode = Literal["static", "auto", "shadow"]
+# The longest path a unix socket may have on Linux (sun_path is 108 bytes, NUL included).
+_MAX_SOCKET_PATH = 107
 
 
 class ServerSettings(BaseModel):
@@ -39,8 +41,15 @@ class ServerSettings(BaseModel):
     # A stream silent for this many seconds gets a keep-alive frame (an SSE comment; a
     # `response.in_progress` event on /v1/responses). Keep it below clients' read timeouts.
     keepalive_s: float = Field(default=5.0, gt=0)
-    # Serving processes on one port (SO_REUSEPORT); no local engine with more than one.
+    # Serving processes on one port (SO_REUSEPORT). With a local engine, worker 0 loads it and
+    # the others reach it over a unix socket (gateway/engine_share.py).
     workers: int = Field(default=1, ge=1, le=256)
+    # Where the supervisor of workers > 1 puts the engine socket (engine-<port>.sock) unless
+    # cluster.internal_socket names one.
+    run_dir: Path = Path(".data/run")
+    # How often workers 1..N-1 ask worker 0's engine for its load and liveness (routing's
+    # queue signal and /readyz read the latest answer).
+    engine_poll_s: float = Field(default=0.1, gt=0)
 
 
 class RedisSettings(BaseModel):
@@ -284,14 +293,49 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_engine(self) -> Settings:
-        """Workers cannot share the in-process engine yet (each would load the model)."""
-        local = [n for n, p in self.providers.items() if p.kind == "local" and p.enabled]
-        if self.server.workers > 1 and local:
+        """Workers share one engine (worker 0's); a cluster node is one serving process."""
+        workers = self.server.workers
+        if workers == 1:
+            return self
+        if self.cluster.enabled:
             raise ValueError(
-                f"server.workers = {self.server.workers} cannot serve the local engine "
-                f"(provider {local[0]!r}): each worker would load the model; use workers = 1"
+                f"server.workers = {workers} with cluster.enabled is not supported: peers reach "
+                "a node at its one internal URL, which SO_REUSEPORT would spread over workers "
+                "without the engine; run one worker per node and more nodes instead"
             )
+        local = self.local_providers()
+        if len(local) > 1:
+            raise ValueError(
+                f"server.workers = {workers} shares one local engine; providers "
+                f"{', '.join(map(repr, local))} would each load the model: enable one"
+            )
+        if local:
+            self.engine_socket()  # a path too long says so now, not at start
         return self
+
+    def local_providers(self) -> list[str]:
+        """The enabled providers of kind "local" (each is an engine)."""
+        return [n for n, p in self.providers.items() if p.kind == "local" and p.enabled]
+
+    def engine_socket(self) -> Path:
+        """Where worker 0 serves its engine to the other workers: `cluster.internal_socket`,
+        else `server.run_dir/engine-<port>.sock`; absolute, so every worker finds it."""
+        path = self.cluster.internal_socket
+        if path is None:
+            path = self.server.run_dir / f"engine-{self.server.port}.sock"
+        path = path.absolute()
+        if len(str(path).encode()) > _MAX_SOCKET_PATH:
+            raise ValueError(
+                f"the engine socket path {path} is longer than a unix socket allows "
+                f"({_MAX_SOCKET_PATH} bytes): set server.run_dir or cluster.internal_socket shorter"
+            )
+        return path
+
+    @property
+    def shares_engine(self) -> bool:
+        """Workers 1..N-1 reach worker 0's local engine (`[server] workers` > 1 and one local
+        provider)."""
+        return self.server.workers > 1 and bool(self.local_providers())
 
     def live_providers(self) -> tuple[dict[str, ProviderSettings], dict[str, str]]:
         """Providers to open, and for each one left out, why (for one clear log line)."""

@@ -10,12 +10,16 @@ The supervisor (this process) serves nothing. It
   the workers (one private `redis-server`, not one per worker);
 - draws one thinking-signing secret when none is set, so a signature made by one worker is
   trusted by the others;
+- with a local engine: names the socket where worker 0 serves it to the others
+  (`cluster.internal_socket`, default `server.run_dir/engine-<port>.sock`) and draws the secret
+  that opens it (`cluster.secret`) when none is set (gateway/engine_share.py);
 - forwards SIGTERM/SIGINT to every worker (each drains its streams within the grace period) and
   stops all of them when one exits on its own, with that worker's exit status.
 
 Per-process state stays per process: Prometheus metrics (`/metrics` shows the worker that
-answered the scrape), breakers and the 2 s key cache. A local engine is refused at settings load
-when workers > 1 (see `Settings._one_engine`).
+answered the scrape), breakers and the 2 s key cache. The local engine lives in worker 0 only;
+if worker 0 exits, the others are stopped like after any worker's exit (their requests in
+flight on the engine have already failed with a clear error by then: the socket closed).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from multiprocessing.process import BaseProcess
 import structlog
 from pydantic import SecretStr
 
+from gateway.cluster_settings import ClusterSettings
 from gateway.redis_server import open_redis
 from gateway.serve import serve_process
 from gateway.settings import RedisSettings, Settings
@@ -60,7 +65,9 @@ async def _shared_redis(settings: RedisSettings) -> AsyncIterator[RedisSettings]
         yield settings.model_copy(update={"url": f"unix://{kwargs['path']}", "embedded": False})
 
 
-def _worker_settings(settings: Settings, redis: RedisSettings) -> Settings:
+def worker_settings(settings: Settings, redis: RedisSettings) -> Settings:
+    """What every worker is started with: the shared Redis, one signing secret, and with a
+    local engine the socket and secret of worker 0's engine."""
     messages = settings.messages
     if messages.signing_secret is None:
         log.warning(
@@ -69,7 +76,19 @@ def _worker_settings(settings: Settings, redis: RedisSettings) -> Settings:
         )
         secret = SecretStr(secrets.token_hex(32))
         messages = messages.model_copy(update={"signing_secret": secret})
-    return settings.model_copy(update={"redis": redis, "messages": messages})
+    update: dict[str, object] = {"redis": redis, "messages": messages}
+    if settings.shares_engine:
+        update["cluster"] = _engine_link(settings)
+    return settings.model_copy(update=update)
+
+
+def _engine_link(settings: Settings) -> ClusterSettings:
+    """The cluster settings naming worker 0's engine socket and the secret that opens it."""
+    cluster = settings.cluster
+    update: dict[str, object] = {"internal_socket": settings.engine_socket()}
+    if cluster.secret is None:
+        update["secret"] = SecretStr(secrets.token_hex(32))
+    return cluster.model_copy(update=update)
 
 
 async def _supervise(settings: Settings) -> int:
@@ -79,9 +98,12 @@ async def _supervise(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     ctx = mp.get_context("spawn")
     async with _shared_redis(settings.redis) as redis:
-        worker_settings = _worker_settings(settings, redis)
+        shared = worker_settings(settings, redis)
+        socket_path = shared.cluster.internal_socket if settings.shares_engine else None
+        if socket_path is not None:
+            socket_path.parent.mkdir(parents=True, exist_ok=True)
         procs = [
-            ctx.Process(target=_run_worker, args=(worker_settings, i), name=f"gateway-worker-{i}")
+            ctx.Process(target=_run_worker, args=(shared, i), name=f"gateway-worker-{i}")
             for i in range(settings.server.workers)
         ]
         for proc in procs:
@@ -96,6 +118,8 @@ async def _supervise(settings: Settings) -> int:
             log.error("worker_exited", status=status)
         await asyncio.to_thread(_stop_all, procs, settings.server.grace_period_s + _KILL_AFTER_S)
         await exited
+        if socket_path is not None:
+            socket_path.unlink(missing_ok=True)  # a killed worker 0 leaves it behind
     return status
 
 

@@ -1,12 +1,13 @@
 """What the local provider needs of an engine, wherever it runs (in-process `AsyncEngine`,
-or a peer's over `providers.remote_engine.RemoteEngine`), and of whoever picks one."""
+a peer's over `providers.remote_engine.RemoteEngine`, or worker 0's seen from another worker,
+`providers.shared_engine.SharedEngine`), and of whoever picks one."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
-from backend.engine.llm_engine import RequestOutput
+from backend.engine.interface import EngineStats, RequestOutput
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
 from providers.types import EngineFit, RouteTrace
@@ -18,6 +19,30 @@ class EngineClient(Protocol):
     ) -> AsyncGenerator[RequestOutput, None]: ...
 
     def finish(self, request_id: str, reason: FinishReason = "stop") -> None: ...
+
+
+class ServedEngine(EngineClient, Protocol):
+    """An engine a provider serves from: it generates, and says how big and how busy it is."""
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def is_running(self) -> bool: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def hash_seed(self) -> bytes:
+        """The seed of its prefix-cache block hashes (`backend.engine.block_hash`)."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+    def cached_prefix_blocks(self, hashes: Sequence[bytes]) -> int:
+        """How many leading blocks of the chain `hashes` its prefix cache holds now."""
+        ...
 
 
 class EnginePlacer(Protocol):

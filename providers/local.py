@@ -1,4 +1,4 @@
-"""The local-engine provider: ChatRequest -> V3.1 prompt ids -> AsyncEngine -> Events.
+"""The local-engine provider: ChatRequest -> V3.1 prompt ids -> engine -> Events.
 
 Chat: messages and tools are rendered by the checkpoint's chat template (thinking off unless
 the request turns it on, V3.1's default), sampling defaults come from generation_config.json,
@@ -6,7 +6,9 @@ and the output is detokenized and parsed into reasoning, content and tool calls 
 local_stream.py). Legacy completions (`request.prompt`): BOS + the raw prompt, no template, no
 parsers. Stop strings are matched here on the content (not the reasoning); on a hit the engine
 request is finished at once. A consumer that stops iterating (client gone) aborts the engine
-request in a `finally`, which frees its KV blocks at the engine's next step.
+request in a `finally`, which frees its KV blocks at the engine's next step. The engine is the
+in-process `AsyncEngine`, or worker 0's reached over a socket (`providers.shared_engine`): the
+provider tokenizes, parses and counts here either way.
 Not enforced: tool_choice other than "none" (which drops the tools), and response_format.
 """
 
@@ -17,21 +19,21 @@ import math
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from backend.engine.async_engine import (
-    AsyncEngine,
+from backend.engine.block_hash import extend_chain, root_hash
+from backend.engine.interface import (
     EngineClosed,
     EngineError,
     EngineOverloaded,
     EngineStats,
 )
-from backend.engine.block_hash import extend_chain, root_hash
 from backend.engine.sampling_params import SamplingParams
 from backend.text.chat_template import ChatFormatError
 from backend.text.tokenizer import Tokenizer
 from providers.base import ModelCard
-from providers.engine_client import EngineClient, EnginePlacer
+from providers.engine_client import EngineClient, EnginePlacer, ServedEngine
 from providers.errors import InvalidRequest, Overloaded, UpstreamUnavailable
 from providers.local_stream import TokenTranslator
 from providers.types import (
@@ -55,7 +57,7 @@ def _tool_dict(tool: Tool) -> dict[str, Any]:
 
 
 class LocalProvider:
-    """The Provider for an in-process AsyncEngine; it prepares prompts (exact token counts)
+    """The Provider for a V3.1 engine (`ServedEngine`); it prepares prompts (exact token counts)
     and reports its load. Its `context_length` bounds what a request without max_tokens may
     produce (gateway/output_limits.py).
 
@@ -63,27 +65,34 @@ class LocalProvider:
     name the provider-side model). Sampling values the request leaves unset are filled by the
     engine from the checkpoint's generation_config.json. `slots`: the engine's max_num_seqs
     (requests beyond it wait). `placer`: picks the engine per prompt (this one, or a cluster
-    peer's; gateway/cluster/) and explains the choice.
+    peer's; gateway/cluster/) and explains the choice. `checkpoint`: the directory the engine
+    and the tokenizer were loaded from (what worker 0 tells the other workers).
     """
 
     def __init__(
         self,
         name: str,
-        engine: AsyncEngine,
+        engine: ServedEngine,
         tokenizer: Tokenizer,
         model_id: str,
         *,
         slots: int,
         placer: EnginePlacer | None = None,
+        checkpoint: Path | None = None,
     ) -> None:
         self.name = name
-        self._slots = slots
+        self.slots = slots
+        self.model_id = model_id
+        self.checkpoint = checkpoint
         self._engine = engine
         self._placer = placer
         self._tokenizer = tokenizer
-        self._model_id = model_id
         self._block_size = engine.block_size
         self._root = root_hash(engine.hash_seed, engine.block_size)
+
+    @property
+    def engine(self) -> ServedEngine:
+        return self._engine
 
     @property
     def context_length(self) -> int:
@@ -100,7 +109,7 @@ class LocalProvider:
         return ProviderLoad(
             waiting=stats.num_waiting,
             running=stats.num_running,
-            slots=self._slots,
+            slots=self.slots,
             max_context=self._engine.max_model_len,
         )
 
@@ -184,7 +193,7 @@ class LocalProvider:
         yield Finish(self._finish_reason(engine_reason, translator), translator.stop_sequence)
 
     async def models(self) -> list[ModelCard]:
-        return [ModelCard(id=self._model_id, owned_by=self.name)]
+        return [ModelCard(id=self.model_id, owned_by=self.name)]
 
     async def health(self) -> bool:
         """Whether the engine's thread is alive and taking requests."""

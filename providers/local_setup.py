@@ -101,7 +101,13 @@ async def open_local_provider(
             if open_placer is not None:
                 placer = await stack.enter_async_context(open_placer(engine))
             yield LocalProvider(
-                name, engine, tokenizer, model_id, slots=config.max_num_seqs, placer=placer
+                name,
+                engine,
+                tokenizer,
+                model_id,
+                slots=config.max_num_seqs,
+                placer=placer,
+                checkpoint=checkpoint,
             )
     finally:
         await engine.stop()

@@ -19,10 +19,14 @@ from typing import Any
 
 import aiohttp
 
-from backend.engine.async_engine import EngineClosed, EngineError, EngineOverloaded
-from backend.engine.llm_engine import RequestOutput
+from backend.engine.interface import (
+    EngineClosed,
+    EngineError,
+    EngineOverloaded,
+    RequestOutput,
+    TokenLogprobs,
+)
 from backend.engine.request import FinishReason
-from backend.engine.sampler import TokenLogprobs
 from backend.engine.sampling_params import SamplingParams
 
 GENERATE_PATH = "/internal/engine/generate"

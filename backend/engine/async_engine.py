@@ -20,7 +20,15 @@ from pathlib import Path
 
 from backend.engine.blocks import BlockEvent
 from backend.engine.engine_config import EngineConfig
-from backend.engine.llm_engine import EngineStats, LLMEngine, PromptTooLong, RequestOutput
+from backend.engine.interface import (
+    EngineClosed,
+    EngineError,
+    EngineOverloaded,
+    EngineStats,
+    PromptTooLong,
+    RequestOutput,
+)
+from backend.engine.llm_engine import LLMEngine
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
 from backend.model.checkpoint import load_generation_config, load_model
@@ -40,22 +48,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _MAX_RETRY_AFTER_S = 60.0
-
-
-class EngineOverloaded(Exception):
-    """`max_waiting` requests already wait; try again after `retry_after_s` seconds."""
-
-    def __init__(self, retry_after_s: float) -> None:
-        super().__init__(f"engine queue is full; retry after {retry_after_s:.1f} s")
-        self.retry_after_s = retry_after_s
-
-
-class EngineClosed(RuntimeError):
-    """The engine is not started, is stopping, or has stopped."""
-
-
-class EngineError(RuntimeError):
-    """The engine failed while serving the request (the cause is chained)."""
 
 
 class _State(enum.Enum):

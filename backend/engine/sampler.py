@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.engine.interface import TokenLogprobs
 from backend.engine.sampling_params import SamplingParams
 
 
@@ -29,14 +30,6 @@ class SampleRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     generator: torch.Generator | None
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprobs:
-    """Raw model logprob of the chosen token and the `top_logprobs` best (id, logprob)."""
-
-    logprob: float
-    top: list[tuple[int, float]]
 
 
 @dataclass(frozen=True, slots=True)

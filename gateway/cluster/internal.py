@@ -1,8 +1,10 @@
 """The internal engine endpoint: peers (and same-host workers) run prompts on this node's engine.
 
 Authenticated by the shared node secret in `x-node-secret` (compared in constant time); user
-API keys never open it, and it does not exist unless `cluster.enabled`. No admission, usage or
-parsing here: the node the client reached does all of that. The answer streams RequestOutputs
+API keys never open it, and it exists only where an engine is served to others: a cluster node
+(`cluster.enabled`), or worker 0 of `[server] workers` > 1 (gateway/engine_share.py), which
+serves it on `cluster.internal_socket` only. No admission, usage or
+parsing here: the process the client reached does all of that. The answer streams RequestOutputs
 as JSON lines (providers/remote_engine.py); a client that goes away aborts the request.
 """
 
@@ -14,13 +16,13 @@ import time
 
 from aiohttp import web
 
-from backend.engine.async_engine import (
+from backend.engine.interface import (
     EngineClosed,
     EngineError,
     EngineOverloaded,
 )
 from backend.engine.sampling_params import SamplingParams
-from gateway.appkeys import CLUSTER
+from gateway.appkeys import CLUSTER, ENGINE_HOST, EngineHost
 from gateway.cluster.node import ClusterNode
 from gateway.errors import AuthenticationError, InvalidRequest, NotFound, ServiceUnavailable
 from providers import jsoncodec
@@ -34,16 +36,35 @@ from providers.remote_engine import (
 STATUS_PATH = "/internal/cluster"
 
 
+def check_secret(request: web.Request, secret: str) -> None:
+    """Raise 401 unless the caller sent `secret` (an empty one opens nothing)."""
+    given = request.headers.get(SECRET_HEADER, "")
+    if not secret or not hmac.compare_digest(given.encode(), secret.encode()):
+        raise AuthenticationError(
+            "This endpoint takes the cluster node secret.", code="bad_node_secret"
+        )
+
+
+def engine_host(request: web.Request) -> EngineHost:
+    """Who serves the engine here, once the caller proved it knows the secret."""
+    host = request.app.get(ENGINE_HOST)
+    if host is None or (host.unix_only and not _on_unix_socket(request)):
+        raise NotFound("Not found")
+    check_secret(request, host.secret)
+    return host
+
+
+def _on_unix_socket(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is not None and isinstance(transport.get_extra_info("sockname"), str)
+
+
 def _node(request: web.Request) -> ClusterNode:
     """This node, once the caller proved it knows the node secret."""
     node = request.app.get(CLUSTER)
     if node is None:
         raise NotFound("Not found")
-    given = request.headers.get(SECRET_HEADER, "")
-    if not node.secret or not hmac.compare_digest(given.encode(), node.secret.encode()):
-        raise AuthenticationError(
-            "This endpoint takes the cluster node secret.", code="bad_node_secret"
-        )
+    check_secret(request, node.secret)
     return node
 
 
@@ -68,8 +89,7 @@ async def status(request: web.Request) -> web.Response:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    node = _node(request)
-    engine = node.engine
+    engine = engine_host(request).engine
     if engine is None:
         raise ServiceUnavailable("This node serves no local engine.", code="no_engine")
     request_id, prompt_ids, params = _parse(await request.read())

@@ -25,6 +25,8 @@ class ClusterNode:
     """Opened by the app when `cluster.enabled`; `serve_engine` joins with the local engine.
     The engine's block events go to `buffer.push` (pass it as the engine's `on_block_event`)."""
 
+    unix_only = False  # peers reach the internal endpoint over TCP
+
     def __init__(self, redis: Redis, settings: Settings, session: aiohttp.ClientSession) -> None:
         cluster = settings.cluster
         host = socket.gethostname()

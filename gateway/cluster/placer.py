@@ -18,8 +18,7 @@ from collections.abc import AsyncGenerator, Callable, Collection, Sequence
 
 import aiohttp
 
-from backend.engine.async_engine import EngineOverloaded
-from backend.engine.llm_engine import RequestOutput
+from backend.engine.interface import EngineOverloaded, RequestOutput
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
 from gateway.cluster.follower import IndexFollower

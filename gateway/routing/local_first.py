@@ -36,7 +36,9 @@ _NOTES = {"prefix": "kept=prefix", "queue": "overflow=queue", "context": "overfl
 class LocalEngine(Protocol):
     """What a local-engine provider tells the router (providers/local.py)."""
 
-    def load(self) -> ProviderLoad: ...
+    def load(self) -> ProviderLoad | None:
+        """None: not ready (a serving worker whose engine in worker 0 has not answered)."""
+        ...
 
     def fit(self, prompt: PreparedPrompt) -> EngineFit: ...
 
@@ -75,6 +77,8 @@ class LocalFirst:
             return Order(routes)
         overflow = upstream + tuple(r for r in routes if r.provider_name in self._local)
         load = engine.load()
+        if load is None:
+            return Order(routes)
         if prompt_tokens >= load.max_context:
             return Order(overflow, "context")
         queue = load.queue_after()

@@ -1,4 +1,5 @@
-"""The engine's policy (scheduler, block manager, engine config) and its tests need no torch."""
+"""The engine's policy (scheduler, block manager, engine config) and its tests need no torch; nor
+does a serving worker without the engine (it reaches worker 0's over a socket)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ _MODULES = [
     "backend.engine.block_hash",
     "backend.engine.engine_config",
     "gateway.settings",
+    "backend.engine.interface",
+    "providers.local",
+    "providers.remote_engine",
+    "providers.shared_engine",
+    "gateway.engine_share",
+    "gateway.cluster.internal",
     "tests.backend.conftest",
     "tests.backend.test_scheduler",
     "tests.backend.test_blocks",

@@ -40,3 +40,19 @@ def test_json_mode_renders_stdlib_records_as_json_with_their_extra_fields() -> N
     assert engine_line["kv_blocks"] == 12 and engine_line["dtype"] == "float32"
     assert engine_line["level"] == "info" and engine_line["logger"] == "backend.engine.runner"
     assert "timestamp" in engine_line
+
+
+@pytest.mark.usefixtures("restore_root_logging")
+def test_a_worker_names_itself_on_every_line() -> None:
+    out = io.StringIO()
+    configure_logging(LoggingSettings(format="json", level="info"), stream=out, worker=3)
+    structlog.get_logger("gateway.test").info("gateway_line")
+    logging.getLogger("backend.engine.runner").info("engine_line")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(line["event"], line["worker"]) for line in lines] == [
+        ("gateway_line", 3),
+        ("engine_line", 3),
+    ]
+    configure_logging(LoggingSettings(format="json", level="info"), stream=out)
+    structlog.get_logger("gateway.test").info("single_process")
+    assert "worker" not in json.loads(out.getvalue().splitlines()[-1])

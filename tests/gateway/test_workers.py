@@ -10,9 +10,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
-from gateway.settings import Settings
+from gateway.settings import RedisSettings, Settings
+from gateway.workers import worker_settings
 from tests.gateway.conftest import closed_port
 from tests.mock_upstream import MockUpstream
 from tests.sse_rules import check_chat_stream
@@ -27,7 +28,7 @@ def _workers(pid: int) -> set[int]:
     return {c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
@@ -112,7 +113,7 @@ direct_models = ["*"]
             stream = check_chat_stream(first + rest, include_usage=False)
             assert len(stream.content.split()) == 6 and stream.finish_reason == "stop"
         assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
-        assert not any(_alive(pid) for pid in workers)
+        assert not any(process_alive(pid) for pid in workers)
         async with aiohttp.ClientSession() as session:
             with pytest.raises(aiohttp.ClientConnectionError):
                 async with session.get(f"{root}/healthz"):
@@ -123,11 +124,60 @@ direct_models = ["*"]
             await proc.wait()
 
 
-def test_workers_refuse_a_local_engine() -> None:
-    with pytest.raises(ValidationError, match="cannot serve the local engine"):
+def test_workers_share_one_local_engine_and_no_cluster() -> None:
+    local = {"local": {"kind": "local"}}
+    settings = Settings(server={"workers": 2}, providers=local, use_presets=False)
+    assert settings.shares_engine
+    assert not Settings(server={"workers": 1}, providers=local, use_presets=False).shares_engine
+    with pytest.raises(ValidationError, match="would each load the model"):
         Settings(
             server={"workers": 2},
+            providers={**local, "other": {"kind": "local"}},
+            use_presets=False,
+        )
+    with pytest.raises(ValidationError, match="cluster.enabled is not supported"):
+        Settings(
+            server={"workers": 2},
+            cluster={"enabled": True, "secret": "s" * 16},
+            providers=local,
+            use_presets=False,
+        )
+
+
+def test_the_supervisor_names_the_engine_socket_and_draws_its_secret(tmp_path: Path) -> None:
+    redis = RedisSettings(url="unix:///tmp/redis.sock", embedded=False)
+    settings = Settings(
+        server={"workers": 2, "port": 9123, "run_dir": tmp_path / "run"},
+        messages={"signing_secret": "fixed"},
+        providers={"local": {"kind": "local"}},
+        use_presets=False,
+    )
+    first, second = worker_settings(settings, redis), worker_settings(settings, redis)
+    assert first.cluster.internal_socket == (tmp_path / "run" / "engine-9123.sock").absolute()
+    assert first.cluster.secret is not None and second.cluster.secret is not None
+    assert len(first.cluster.secret.get_secret_value()) == 64
+    assert first.cluster.secret != second.cluster.secret  # drawn per start, not a constant
+    chosen = settings.model_copy(
+        update={
+            "cluster": settings.cluster.model_copy(
+                update={
+                    "secret": SecretStr("operator-chosen-1"),
+                    "internal_socket": Path("e.sock"),
+                }
+            )
+        }
+    )
+    kept = worker_settings(chosen, redis).cluster
+    assert kept.secret == SecretStr("operator-chosen-1")
+    assert kept.internal_socket == Path("e.sock").absolute()
+    upstreams = Settings(server={"workers": 2}, use_presets=False)
+    assert worker_settings(upstreams, redis).cluster.internal_socket is None
+
+
+def test_an_engine_socket_path_too_long_is_refused_clearly(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="longer than a unix socket allows"):
+        Settings(
+            server={"workers": 2, "run_dir": tmp_path / ("d" * 120)},
             providers={"local": {"kind": "local"}},
             use_presets=False,
         )
-    Settings(server={"workers": 1}, providers={"local": {"kind": "local"}}, use_presets=False)
