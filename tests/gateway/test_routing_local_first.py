@@ -116,3 +116,13 @@ async def test_a_local_only_key_never_overflows_however_cold_its_prompt() -> Non
         ("cached=0", "overflow=queue"),
         "queue",
     )
+
+
+def test_a_local_provider_not_ready_leaves_the_routes_as_they_are() -> None:
+    class NotReady(Engine):
+        def load(self) -> ProviderLoad | None:  # type: ignore[override]
+            return None  # a serving worker whose engine in worker 0 has not answered yet
+
+    engine = NotReady(queue=50)
+    assert order(engine) == ("none", "local", ())
+    assert engine.asked == []
