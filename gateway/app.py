@@ -133,6 +133,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         app[BREAKERS] = breakers
         local = frozenset(n for n, p in settings.live_providers()[0].items() if p.kind == "local")
         stickiness = Stickiness(redis, settings.redis.key_prefix, routing.sticky_ttl_s)
+        stack.push_async_callback(stickiness.drain)  # its writes land before Redis closes
         decider = Decider(routing, local, providers, stickiness)
         planner = RoutePlanner(router, decider, app[METRICS])
         pipeline = Pipeline(

@@ -62,8 +62,9 @@ class Metrics:
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests in flight", registry=r)
         self.routing_decisions = Counter(
             "gateway_routing_decisions",
-            "Routing decisions by provider served, thinking, reason and mode (applied or shadow)",
-            ["provider", "thinking", "reason", "mode"],
+            "Routing decisions by provider served, thinking, reason, mode (applied or shadow) "
+            "and load (the local-or-upstream choice: none, local, prefix, queue, context)",
+            ["provider", "thinking", "reason", "mode", "load"],
             registry=r,
         )
         self.breaker_state = Gauge(

@@ -79,6 +79,20 @@ class BreakerSettings(BaseModel):
     cooldown_s: float = Field(default=30.0, gt=0)
 
 
+class PrefixSettings(BaseModel):
+    """How long a queue a conversation whose prefix the local engine caches may wait in.
+
+    Beyond `local_max_queue`, each request waiting over the allowance counts as recomputing
+    `wait_cost_tokens` prompt tokens (an upstream recomputes the whole prompt, the local engine
+    only what it does not cache): the local engine keeps the request while its cached tokens are
+    at least `wait_cost_tokens` x (queue - local_max_queue), and the queue is at most
+    `max_queue` (at or under `local_max_queue`: cached prompts overflow like cold ones)."""
+
+    model_config = _FROZEN
+    wait_cost_tokens: int = Field(default=1024, ge=1)
+    max_queue: int = Field(default=16, ge=0)
+
+
 class RoutingSettings(BaseModel):
     model_config = _FROZEN
     rules: tuple[RuleSettings, ...] = (
@@ -95,5 +109,7 @@ class RoutingSettings(BaseModel):
     # Conversation stickiness: an auto conversation keeps its first mode for this long.
     sticky_ttl_s: int = Field(default=1800, ge=1)
     # The local engine is preferred while requests waiting for it (this one included) stay at
-    # or under this; beyond it, an upstream route the key may use takes the request.
+    # or under this; beyond it, an upstream route the key may use takes the request, unless
+    # the engine caches enough of the prompt (`prefix`).
     local_max_queue: int = Field(default=4, ge=0)
+    prefix: PrefixSettings = PrefixSettings()

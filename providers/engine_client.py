@@ -10,7 +10,7 @@ from typing import Protocol
 from backend.engine.interface import EngineStats, RequestOutput
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
-from providers.types import RouteTrace
+from providers.types import EngineFit, RouteTrace
 
 
 class EngineClient(Protocol):
@@ -30,10 +30,30 @@ class ServedEngine(EngineClient, Protocol):
     @property
     def is_running(self) -> bool: ...
 
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def hash_seed(self) -> bytes:
+        """The seed of its prefix-cache block hashes (`backend.engine.block_hash`)."""
+        ...
+
     def stats(self) -> EngineStats: ...
+
+    def cached_prefix_blocks(self, hashes: Sequence[bytes]) -> int:
+        """How many leading blocks of the chain `hashes` its prefix cache holds now."""
+        ...
 
 
 class EnginePlacer(Protocol):
-    def place(self, prompt_ids: Sequence[int], trace: RouteTrace) -> EngineClient:
-        """The engine to serve `prompt_ids`; the choice is explained in `trace.placement`."""
+    def place(
+        self, prompt_ids: Sequence[int], block_hashes: Sequence[bytes], trace: RouteTrace
+    ) -> EngineClient:
+        """The engine to serve `prompt_ids` (whose reusable blocks hash to `block_hashes`);
+        the choice is explained in `trace.placement`."""
+        ...
+
+    def fit(self, num_tokens: int, block_hashes: Sequence[bytes]) -> EngineFit:
+        """Where `place` would put such a prompt now, and how much of it is cached there
+        (nothing is marked: the router asks before the request is admitted)."""
         ...

@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from backend.engine.block_hash import extend_chain, root_hash
 from backend.engine.interface import (
     EngineClosed,
     EngineError,
@@ -37,6 +38,7 @@ from providers.errors import InvalidRequest, Overloaded, UpstreamUnavailable
 from providers.local_stream import TokenTranslator
 from providers.types import (
     ChatRequest,
+    EngineFit,
     Event,
     Finish,
     FinishReason,
@@ -85,6 +87,8 @@ class LocalProvider:
         self._engine = engine
         self._placer = placer
         self._tokenizer = tokenizer
+        self._block_size = engine.block_size
+        self._root = root_hash(engine.hash_seed, engine.block_size)
 
     @property
     def engine(self) -> ServedEngine:
@@ -109,6 +113,13 @@ class LocalProvider:
             max_context=self._engine.max_model_len,
         )
 
+    def fit(self, prompt: PreparedPrompt) -> EngineFit:
+        """Where `prompt` would run now and how much of it is cached there, by dict lookups of
+        its block hashes (no I/O): the router's local-or-upstream choice asks it."""
+        if self._placer is not None:
+            return self._placer.fit(prompt.num_tokens, prompt.block_hashes)
+        return EngineFit(self._engine.cached_prefix_blocks(prompt.block_hashes) * self._block_size)
+
     async def chat(self, request: ChatRequest) -> AsyncGenerator[Event, None]:
         prompt = request.prepared
         if prompt is None or prompt.owner != self.name:
@@ -127,7 +138,7 @@ class LocalProvider:
         request_id = f"{request.request_id or 'local'}-{uuid.uuid4().hex[:12]}"
         engine: EngineClient = self._engine
         if self._placer is not None:
-            engine = self._placer.place(prompt.ids, request.trace)
+            engine = self._placer.place(prompt.ids, prompt.block_hashes, request.trace)
         outputs = engine.generate(request_id, prompt.ids, params)
         num_cached = 0
         engine_reason: str | None = None
@@ -200,7 +211,9 @@ class LocalProvider:
         thinking = bool(request.thinking)
         if request.prompt is not None:
             ids = tokenizer.encode(request.prompt, add_bos=True)
-            return PreparedPrompt(self.name, ids, thinking, False, False, False)
+            return PreparedPrompt(
+                self.name, ids, thinking, False, False, False, self._block_chain(ids)
+            )
         tools = [_tool_dict(t) for t in request.tools] if request.tool_choice != "none" else []
         try:
             ids = tokenizer.encode_chat(
@@ -217,7 +230,17 @@ class LocalProvider:
         except ChatFormatError as exc:
             raise InvalidRequest(str(exc), provider=self.name, param="messages") from None
         opens = tokenizer.prompt_opens_reasoning(ids)
-        return PreparedPrompt(self.name, ids, thinking, True, opens, bool(tools))
+        return PreparedPrompt(
+            self.name, ids, thinking, True, opens, bool(tools), self._block_chain(ids)
+        )
+
+    def _block_chain(self, ids: list[int]) -> tuple[bytes, ...]:
+        """Hashes of the blocks of `ids` the engine may reuse: full ones, not the last token's."""
+        size = self._block_size
+        reusable = max(0, (len(ids) - 1) // size)
+        hashes: list[bytes] = []
+        extend_chain(hashes, self._root, ids[: reusable * size], size)
+        return tuple(hashes)
 
     def _with_thinking(self, prompt: PreparedPrompt, thinking: bool) -> PreparedPrompt:
         """The prepared prompt with the other thinking switch, without tokenizing again: V3.1's

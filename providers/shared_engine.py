@@ -14,7 +14,9 @@ waiting), so a burst between two polls is not invisible. `health()` is true whil
 poll was answered by a running engine. Until the first answer (worker 0 still loading the
 model) the provider is not ready: prompts get a 502 `upstream_unavailable`, /readyz says so,
 and the tokenizer is loaded from the checkpoint directory worker 0 announces (the same files
-its engine loaded).
+its engine loaded). Worker 0's prefix cache is not seen from here: prompts are hashed with its
+engine's seed and block size, but `cached_prefix_blocks` answers 0, so the router's
+local-or-upstream choice in these workers goes by context and queue alone.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from providers.base import ModelCard
 from providers.errors import UpstreamUnavailable
 from providers.local import LocalProvider
 from providers.remote_engine import SECRET_HEADER, RemoteEngine
-from providers.types import ChatRequest, Event, PreparedPrompt, ProviderLoad
+from providers.types import ChatRequest, EngineFit, Event, PreparedPrompt, ProviderLoad
 
 log = structlog.get_logger("providers.shared_engine")
 
@@ -50,7 +52,8 @@ _STAT_FIELDS = tuple(f.name for f in fields(EngineStats))
 
 @dataclass(frozen=True, slots=True)
 class EngineInfo:
-    """What worker 0 says of its engine: where its checkpoint is, its limits, and its stats."""
+    """What worker 0 says of its engine: where its checkpoint is, its limits, its prefix-cache
+    hash chain (block size and seed), and its stats."""
 
     checkpoint: Path
     model_id: str
@@ -58,6 +61,8 @@ class EngineInfo:
     slots: int
     running: bool
     stats: EngineStats
+    block_size: int
+    hash_seed: bytes
 
     def to_json(self) -> bytes:
         data = {
@@ -67,6 +72,8 @@ class EngineInfo:
             "slots": self.slots,
             "running": self.running,
             "stats": asdict(self.stats),
+            "block_size": self.block_size,
+            "hash_seed": self.hash_seed.hex(),
         }
         return json.dumps(data, separators=(",", ":")).encode()
 
@@ -81,6 +88,8 @@ class EngineInfo:
             slots=int(data["slots"]),
             running=bool(data["running"]),
             stats=EngineStats(**{name: stats[name] for name in _STAT_FIELDS}),
+            block_size=int(data["block_size"]),
+            hash_seed=bytes.fromhex(data["hash_seed"]),
         )
 
     @classmethod
@@ -96,6 +105,8 @@ class EngineInfo:
             provider.slots,
             engine.is_running,
             engine.stats(),
+            engine.block_size,
+            engine.hash_seed,
         )
 
 
@@ -117,6 +128,18 @@ class SharedEngine:
     @property
     def is_running(self) -> bool:
         return self._reachable and self._info.running
+
+    @property
+    def block_size(self) -> int:
+        return self._info.block_size
+
+    @property
+    def hash_seed(self) -> bytes:
+        return self._info.hash_seed
+
+    def cached_prefix_blocks(self, hashes: Sequence[bytes]) -> int:
+        """Unknown here (worker 0's block manager is in worker 0): none."""
+        return 0
 
     def stats(self) -> EngineStats:
         """The latest snapshot; requests sent since it was asked for count as waiting."""
@@ -163,6 +186,9 @@ class SharedLocalProvider:
 
     def load(self) -> ProviderLoad | None:
         return self._local.load() if self._local is not None else None
+
+    def fit(self, prompt: PreparedPrompt) -> EngineFit:
+        return self._local.fit(prompt) if self._local is not None else EngineFit(0)
 
     def chat(self, request: ChatRequest) -> AsyncGenerator[Event, None]:
         local = self._local

@@ -103,7 +103,11 @@ class Sampling:
 class PreparedPrompt:
     """A prompt tokenized once, off the event loop, by the provider that will serve it (its
     `owner`), and carried forward: the router reads its length, admission reserves by it, the
-    engine runs its ids and usage reports its count. `thinking`: the switch the ids end with."""
+    engine runs its ids and usage reports its count. `thinking`: the switch the ids end with.
+    `block_hashes`: the engine's chained hashes (backend/engine/block_hash.py) of the leading
+    full blocks it may take from its prefix cache (all but the block holding the last token, so
+    switching thinking, which changes only the last token, keeps them), hashed while preparing
+    so that the router and the cluster placer look the prefix up without hashing on the loop."""
 
     owner: str
     ids: list[int]
@@ -111,6 +115,7 @@ class PreparedPrompt:
     parse: bool  # chat: parse reasoning and tool calls; completion: plain text
     opens_reasoning: bool  # the prompt ends in <think>: output starts as reasoning
     tools_enabled: bool
+    block_hashes: tuple[bytes, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -130,6 +135,27 @@ class ProviderLoad:
     def queue_after(self) -> int:
         """Requests that would wait, one more included, were one more added now."""
         return max(0, self.running + self.waiting + 1 - self.slots)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFit:
+    """Where a prepared prompt would run now, for the router's local-or-upstream choice:
+    `peer` None is this process's engine, else the cluster node the placer would forward it to
+    (with the requests `peer_waiting` there, as it last published them); `cached_tokens`: how
+    many of the prompt's leading tokens that engine holds in its prefix cache."""
+
+    cached_tokens: int
+    peer: str | None = None
+    peer_waiting: int = 0
+
+    def queue_after(self, local_queue: int) -> int:
+        """Requests that would wait where the prompt runs, this one included: `local_queue`
+        (`ProviderLoad.queue_after()`) on this engine; on a peer, its waiting ones and this one
+        when any wait (a peer's running count is not published, so a full peer with nobody
+        waiting counts as free)."""
+        if self.peer is None:
+            return local_queue
+        return self.peer_waiting + 1 if self.peer_waiting else 0
 
 
 @dataclass(slots=True)

@@ -149,6 +149,12 @@ class AsyncEngine:
         """Seed of the prefix-cache block hashes (``backend.engine.block_hash.chain_hashes``)."""
         return self._engine.hash_seed
 
+    def cached_prefix_blocks(self, hashes: Sequence[bytes]) -> int:
+        """How many leading blocks of the chain `hashes` the prefix cache holds now
+        (thread-safe: see ``BlockManager.cached_prefix_blocks``); for routing, which asks
+        before a prompt is queued."""
+        return self._engine.block_manager.cached_prefix_blocks(hashes)
+
     @property
     def is_running(self) -> bool:
         """Started, not stopping, and its thread alive (for health checks)."""

@@ -11,8 +11,9 @@ are evicted least recently freed first, and only once no empty block is left.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 
 from backend.engine.block_hash import extend_chain, root_hash
 from backend.engine.request import Request
@@ -87,6 +88,13 @@ class BlockManager:
 
     def hash_of(self, block_id: int) -> bytes | None:
         return self._hashes[block_id]
+
+    def cached_prefix_blocks(self, hashes: Sequence[bytes]) -> int:
+        """How many of `hashes` (a prompt's block chain) are registered, from the first on
+        without a hole (in use or free, not yet evicted). Dict membership tests only, no write,
+        so another thread may ask while the engine runs: the answer is as of a moment ago (a
+        free block may be evicted before the prompt is scheduled)."""
+        return len(list(takewhile(self._block_of_hash.__contains__, hashes)))
 
     def eviction_order(self) -> list[int]:
         """Free blocks holding cached content, next to be evicted first."""

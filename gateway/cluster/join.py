@@ -53,7 +53,14 @@ async def join_cluster(
     publisher = BlockPublisher(redis, keys, node.node_id, node.buffer, record, settings)
     follower = IndexFollower(redis, keys, root.hex(), settings, PrefixIndex())
     placer = ClusterPlacer(
-        node.node_id, root, block_size, engine, local_load, follower, session, settings
+        node.node_id,
+        block_size,
+        engine,
+        local_load,
+        engine.cached_prefix_blocks,
+        follower,
+        session,
+        settings,
     )
     await publisher.start()
     tasks = [

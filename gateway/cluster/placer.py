@@ -1,51 +1,55 @@
 """Picks the engine that serves a prompt: this node's, or the peer holding its prefix.
 
-The prompt's full blocks are hashed with the engine's own chain (seed and block size), scored
-on every live node from the in-memory index and pending marks (`scoring`), and the chosen
-node's blocks are marked pending. A forward goes to the peer's internal engine endpoint; if
-that peer cannot be reached before anything was generated, the request is served here instead
-and the peer is left out until its liveness would have expired.
+The prompt's reusable blocks, hashed with the engine's own chain when the prompt was prepared
+(`PreparedPrompt.block_hashes`), are scored on every live node (`scoring`): this node's cached
+prefix from its own engine's block manager (exact, and fresher than its events coming back
+through Redis), a peer's from the in-memory index, and every node's pending marks; the chosen
+node's blocks are marked pending. `fit` scores the same way without marking, for the router's
+local-or-upstream choice, so the router and the placer see the same engine and prefix.
+A forward goes to the peer's internal engine endpoint; if that peer cannot be reached before
+anything was generated, the request is served here instead and the peer is left out until its
+liveness would have expired.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Sequence
 
 import aiohttp
 
-from backend.engine.block_hash import extend_chain
 from backend.engine.interface import EngineOverloaded, RequestOutput
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
 from gateway.cluster.follower import IndexFollower
 from gateway.cluster.scoring import NodeLoad, PendingMarks, Placement, Weights, place
 from gateway.cluster_settings import ClusterSettings
-from providers.engine_client import EngineClient
+from providers.engine_client import EngineClient, EngineFit
 from providers.remote_engine import PeerUnreachable, RemoteEngine, split_base
 from providers.types import RouteTrace
 
 
 class ClusterPlacer:
-    """`root`: the engine's hash chain root (`block_hash.root_hash(seed, block_size)`);
-    `local_load()`: this node's load now (fresher than its published record)."""
+    """`local_load()`: this node's load now (fresher than its published record);
+    `cached_prefix(hashes)`: how many leading blocks of that chain this node's engine holds."""
 
     def __init__(
         self,
         node_id: str,
-        root: bytes,
         block_size: int,
         local: EngineClient,
         local_load: Callable[[], NodeLoad],
+        cached_prefix: Callable[[Sequence[bytes]], int],
         follower: IndexFollower,
         session: aiohttp.ClientSession,
         settings: ClusterSettings,
     ) -> None:
         self._node = node_id
-        self._root = root
+        self._own = (node_id,)
         self._block_size = block_size
         self._local = local
         self._local_load = local_load
+        self._cached_prefix = cached_prefix
         self._follower = follower
         self._session = session
         self._settings = settings
@@ -63,36 +67,54 @@ class ClusterPlacer:
     def follower(self) -> IndexFollower:
         return self._follower
 
-    def decide(self, prompt_ids: Sequence[int]) -> Placement:
-        """Where `prompt_ids` is cheapest to serve now; marks its blocks pending there."""
+    def decide(self, num_tokens: int, hashes: Sequence[bytes]) -> Placement:
+        """Where a prompt of `num_tokens` whose reusable blocks hash to `hashes` is cheapest
+        to serve now; marks its blocks pending there."""
         now = time.monotonic()
-        hashes: list[bytes] = []
-        extend_chain(hashes, self._root, prompt_ids, self._block_size)
-        loads = {
-            n: load
-            for n, load in self._follower.loads(now).items()
-            if self._suspects.get(n, 0.0) <= now
-        }
-        loads[self._node] = self._local_load()
-        index = self._follower.index
-        placement = place(
-            self._node,
-            hashes,
-            len(prompt_ids),
-            self._block_size,
-            loads,
-            self._weights,
-            index.holders,
-            self.pending.lookup(now),
-        )
-        if self._settings.routing == "local" and not placement.local:
-            cached = index.prefix_blocks(hashes[: placement.prompt_blocks], [self._node])
-            placement = Placement(self._node, True, cached[self._node], placement.prompt_blocks, 0)
+        placement = self._score(num_tokens, hashes, now)[0]
         self.pending.mark(hashes[: placement.prompt_blocks], placement.node_id, now)
         return placement
 
-    def place(self, prompt_ids: Sequence[int], trace: RouteTrace) -> EngineClient:
-        placement = self.decide(prompt_ids)
+    def fit(self, num_tokens: int, block_hashes: Sequence[bytes]) -> EngineFit:
+        """What `decide` would choose now, without marking anything."""
+        placement, loads = self._score(num_tokens, block_hashes, time.monotonic())
+        cached = placement.cached_blocks * self._block_size
+        if placement.local:
+            return EngineFit(cached)
+        return EngineFit(cached, placement.node_id, loads[placement.node_id].waiting)
+
+    def _score(
+        self, num_tokens: int, hashes: Sequence[bytes], now: float
+    ) -> tuple[Placement, dict[str, NodeLoad]]:
+        """The cheapest placement, and the loads it was scored on (this node's alone when
+        `cluster.routing` is "local": publish, never forward)."""
+        loads: dict[str, NodeLoad] = {}
+        if self._settings.routing != "local":
+            loads = {
+                n: load
+                for n, load in self._follower.loads(now).items()
+                if self._suspects.get(n, 0.0) <= now
+            }
+        loads[self._node] = self._local_load()
+        own = frozenset(hashes[: self._cached_prefix(hashes)])
+
+        def own_blocks(block: bytes) -> Collection[str]:
+            return self._own if block in own else ()
+
+        lookups = (own_blocks, self._peer_blocks, self.pending.lookup(now))
+        size = self._block_size
+        placement = place(self._node, hashes, num_tokens, size, loads, self._weights, *lookups)
+        return placement, loads
+
+    def _peer_blocks(self, block: bytes) -> Collection[str]:
+        """The index's holders but this node (whose own engine answers for it)."""
+        holders = self._follower.index.holders(block)
+        return [n for n in holders if n != self._node] if self._node in holders else holders
+
+    def place(
+        self, prompt_ids: Sequence[int], block_hashes: Sequence[bytes], trace: RouteTrace
+    ) -> EngineClient:
+        placement = self.decide(len(prompt_ids), block_hashes)
         trace.placement = str(placement)
         if placement.local:
             return self._local

@@ -1,9 +1,10 @@
 """The router seam: one request's route list, thinking decision and reasons.
 
 `Decider.decide` sees the normalized request (messages, tools, the prepared prompt's token
-count, the client's explicit thinking switch in `request.thinking`, the front-end protocol),
-the key's policy, and the providers' load, and returns a `Decision`. Provider health (the
-breakers) is applied as each route is tried, so a skipped route costs no time.
+count and block hashes, the client's explicit thinking switch in `request.thinking`, the
+front-end protocol), the key's policy, and the local engine's load and prefix cache, and returns
+a `Decision`. Provider health (the breakers) is applied as each route is tried, so a skipped
+route costs no time.
 
 Thinking, first rule that applies:
   1. the key's policy "off" / "on"                       reason policy:off | policy:on
@@ -13,24 +14,27 @@ Thinking, first rule that applies:
                                                           reason route | default
   4. auto models: rules, the conversation's mode, the scorer   (see judge.py)
 A "shadow" model is served as static, and what "auto" would have done is reported beside it.
-Local or upstream (auto models): the local route leads while the prompt fits its context and
-its queue is at most `local_max_queue`; otherwise upstream routes the key may use go first.
-A key limited to the local engine never gets an upstream route.
+Local or upstream (auto models): see local_first.py; a key limited to the local engine never
+gets an upstream route.
+The conversation's stored mode (follow-up turns of auto and shadow models) is read by `recall`,
+which the planner starts before the prompt is prepared so the round trip overlaps that work.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 
 from gateway.errors import PermissionDenied
 from gateway.routing.aliases import Route
 from gateway.routing.judge import Judge, Verdict
+from gateway.routing.local_first import LoadChoice, LocalFirst
 from gateway.routing.policy import KeyPolicy
 from gateway.routing.sticky import Stickiness, conversation_id, is_follow_up
 from gateway.routing_settings import RoutingSettings
 from gateway.settings import RoutingMode
-from providers.types import ChatRequest, ProviderLoad
+from providers.types import ChatRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +57,8 @@ class Decision:
     client_thinking: bool | None = None
     score: float | None = None
     shadow: Verdict | None = None  # what "auto" would have decided, for a shadow model
-    notes: tuple[str, ...] = ()  # "client=refused", "overflow=queue", ...
+    notes: tuple[str, ...] = ()  # "client=refused", "cached=4096", "kept=prefix", ...
+    load: LoadChoice = "none"  # the local-or-upstream choice (local_first.py)
 
     def thinking_for(self, route: Route) -> bool | None:
         if self.thinking is not None:
@@ -73,21 +78,45 @@ class Decider:
         self,
         settings: RoutingSettings,
         local: frozenset[str],
-        loads: Mapping[str, object],
+        providers: Mapping[str, object],
         stickiness: Stickiness | None,
     ) -> None:
+        """`local`: the names of local-engine providers; `providers`: every provider by name
+        (the local ones tell their load and prefix cache: local_first.LocalEngine)."""
         self.judge = Judge(settings)
-        self._local = local  # names of local-engine providers
-        self._loads = dict(loads)  # provider name -> object with load() -> ProviderLoad
+        self._local = local
+        self._local_first = LocalFirst(settings, local, providers)
         self._stickiness = stickiness
-        self._max_queue = settings.local_max_queue
 
     def is_local(self, route: Route) -> bool:
         return route.provider_name in self._local
 
-    async def decide(self, inp: RoutingInput) -> Decision:
+    def recall(
+        self,
+        request: ChatRequest,
+        public_model: str,
+        mode: RoutingMode,
+        policy: KeyPolicy,
+        key_id: str,
+    ) -> asyncio.Task[bool | None] | None:
+        """Start reading the conversation's stored mode where `decide` will need it (a
+        follow-up turn the model decides thinking for), so the round trip runs meanwhile."""
+        sticky = self._stickiness
+        if sticky is None or not _model_decides(mode, policy, request.thinking):
+            return None
+        if not is_follow_up(request):
+            return None
+        conversation = conversation_id(key_id, public_model, request)
+        return sticky.recall(conversation) if conversation is not None else None
+
+    async def decide(
+        self, inp: RoutingInput, recalled: Awaitable[bool | None] | None = None
+    ) -> Decision:
+        """`recalled`: what `recall` started for this request (read here when not given)."""
         policy, client = inp.policy, inp.request.thinking
-        routes = tuple(r for r in inp.routes if policy.may_use(self.is_local(r)))
+        routes = inp.routes
+        if policy.providers != "any":
+            routes = tuple(r for r in routes if policy.may_use(self.is_local(r)))
         if not routes:
             raise PermissionDenied(
                 f"This API key may use only the local engine, and the model "
@@ -98,56 +127,44 @@ class Decider:
         notes: list[str] = []
         if client is not None and policy.thinking == "auto":
             notes.append("client=refused")
+        load: LoadChoice = "none"
         if inp.mode == "auto":
-            routes = self._by_load(routes, inp.prompt_tokens, notes)
+            order = self._local_first.order(routes, inp.prompt_tokens, inp.request.prepared)
+            routes, load = order.routes, order.choice
+            notes.extend(order.notes())
+        fixed = tuple(notes)
         if policy.thinking in ("off", "on"):
-            fixed = policy.thinking == "on"
-            return Decision(routes, fixed, f"policy:{policy.thinking}", client, notes=tuple(notes))
+            on = policy.thinking == "on"
+            return Decision(routes, on, f"policy:{policy.thinking}", client, notes=fixed, load=load)
         if client is not None and policy.thinking == "client":
-            return Decision(routes, client, "client", client, notes=tuple(notes))
+            return Decision(routes, client, "client", client, notes=fixed, load=load)
         allowed = client if policy.thinking == "client" else None  # "auto" refuses it
         if inp.mode == "static":
-            return Decision(routes, None, "static", allowed, notes=tuple(notes))
-        verdict = await self._auto(inp)
+            return Decision(routes, None, "static", allowed, notes=fixed, load=load)
+        verdict = await self._auto(inp, recalled)
         if inp.mode == "shadow":
-            return Decision(routes, None, "static", allowed, shadow=verdict, notes=tuple(notes))
+            return Decision(routes, None, "static", allowed, shadow=verdict, notes=fixed)
         return Decision(
-            routes, verdict.thinking, verdict.reason, client, verdict.score, notes=tuple(notes)
+            routes, verdict.thinking, verdict.reason, client, verdict.score, notes=fixed, load=load
         )
 
-    async def _auto(self, inp: RoutingInput) -> Verdict:
+    async def _auto(self, inp: RoutingInput, recalled: Awaitable[bool | None] | None) -> Verdict:
         request = inp.request
+        sticky = self._stickiness
         conversation = conversation_id(inp.key_id, inp.public_model, request)
+        if sticky is None or conversation is None:
+            return self.judge.judge(request, inp.protocol, inp.prompt_tokens)
         mode: bool | None = None
-        sticky = self._stickiness if conversation is not None else None
-        if sticky is not None and conversation is not None and is_follow_up(request):
-            mode = await sticky.mode(conversation)
+        if is_follow_up(request):
+            mode = await (recalled if recalled is not None else sticky.mode(conversation))
         verdict = self.judge.judge(request, inp.protocol, inp.prompt_tokens, mode)
-        if sticky is not None and conversation is not None and mode is None:
-            await sticky.remember(conversation, verdict.thinking)
+        if mode is None:
+            sticky.remember(conversation, verdict.thinking)  # in the background
         return verdict
 
-    def _by_load(
-        self, routes: tuple[Route, ...], prompt_tokens: int, notes: list[str]
-    ) -> tuple[Route, ...]:
-        """Local first while it can serve well; else the upstream routes first."""
-        first = routes[0]
-        upstream = tuple(r for r in routes if not self.is_local(r))
-        if not self.is_local(first) or not upstream:
-            return routes
-        load = self._load(first.provider_name)
-        if load is None:
-            return routes
-        if prompt_tokens >= load.max_context:
-            notes.append("overflow=context")
-        elif load.queue_after() > self._max_queue:
-            notes.append("overflow=queue")
-        else:
-            return routes
-        local = tuple(r for r in routes if self.is_local(r))
-        return upstream + local
 
-    def _load(self, provider: str) -> ProviderLoad | None:
-        source = self._loads.get(provider)
-        load = getattr(source, "load", None)
-        return load() if load is not None else None
+def _model_decides(mode: RoutingMode, policy: KeyPolicy, client: bool | None) -> bool:
+    """Whether `decide` asks the auto decision (rules, the conversation's mode, the scorer)."""
+    if mode == "static" or policy.thinking in ("off", "on"):
+        return False
+    return client is None or policy.thinking != "client"

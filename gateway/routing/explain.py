@@ -2,11 +2,15 @@
 
 Format: `; `-separated `name=value` fields, in this order (optional ones only when they apply):
   provider=<provider>; model=<provider-side model>; thinking=on|off; reason=<reason>
-  [; score=<0.00-1.00>] [; client=refused] [; overflow=queue|context] [; skipped=<p1>,<p2>]
+  [; score=<0.00-1.00>] [; client=refused] [; cached=<tokens>]
+  [; kept=prefix | overflow=queue|context] [; skipped=<p1>,<p2>]
   [; shadow_thinking=on|off; shadow_reason=<reason>[; shadow_score=<score>]]
   [; node=<cluster node>; prefix=<cached>/<reusable blocks>; via=local|forward|fallback
      [; tried=<unreachable node>]] [; account=<i>/<n>]
 Reasons: policy:off, policy:on, client, route, default, rule:<name>@<version>, sticky, score.
+`cached`, `kept` and `overflow` are an auto model's local-or-upstream choice (local_first.py):
+how many of the prompt's leading tokens the local engine held in its prefix cache, and why the
+local engine kept the request beyond its queue allowance or passed it over.
 The last fields come from the provider that served the request (`ChatRequest.trace`): the local
 engine says which cluster node ran the prompt and how much of it was cached there; an upstream
 with several accounts says which one the conversation keeps to.

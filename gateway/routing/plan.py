@@ -1,9 +1,11 @@
 """The routing step of a request: model -> routes, the prompt prepared once, the decision.
 
 `plan` resolves the public model (a model this gateway does not serve falls back to the key's
-default model), checks the key may use it, prepares the prompt off the event loop where a route's
-provider prepares prompts (the local engine: the ids then travel with the request to admission,
-the engine and usage; nothing tokenizes it again), and asks the router seam for a decision.
+default model), checks the key may use it, starts reading the conversation's stored mode where
+the decision will need it, prepares the prompt off the event loop meanwhile where a route's
+provider prepares prompts (the local engine: the ids and their block hashes then travel with the
+request to the router, admission, the engine and usage; nothing tokenizes or hashes it again),
+and asks the router seam for a decision.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class RoutePlanner:
         """The public model served, the request (its prompt prepared), and the decision."""
         public_model, routes = self._resolve(chat.model, principal)
         require_model(principal, public_model)
+        mode = self.router.mode(public_model)
+        policy, key_id = principal.policy, principal.key_id
+        recalled = self.decider.recall(chat, public_model, mode, policy, key_id)
         chat = await self._prepare(chat, routes, principal)
         decision = await self.decider.decide(
             RoutingInput(
@@ -41,26 +46,27 @@ class RoutePlanner:
                 protocol=protocol,
                 public_model=public_model,
                 routes=routes,
-                mode=self.router.mode(public_model),
-                policy=principal.policy,
-                key_id=principal.key_id,
+                mode=mode,
+                policy=policy,
+                key_id=key_id,
                 prompt_tokens=prompt_tokens(chat),
-            )
+            ),
+            recalled,
         )
         return public_model, chat, decision
 
     def count(self, decision: Decision, route: Route) -> None:
         """The Prometheus count of the decision applied (and of the shadow one, if any)."""
         thinking = on_off(decision.thinking_for(route))
-        self._counter(route.provider_name, thinking, decision.reason_for(route), "applied").inc()
+        provider, load = route.provider_name, decision.load
+        self._counter(provider, thinking, decision.reason_for(route), "applied", load).inc()
         shadow = decision.shadow
         if shadow is not None:
-            self._counter(
-                route.provider_name, on_off(shadow.thinking), shadow.reason, "shadow"
-            ).inc()
+            self._counter(provider, on_off(shadow.thinking), shadow.reason, "shadow", load).inc()
 
     def _counter(self, *labels: str) -> Any:
-        """The labelled child, cached (reasons are a bounded set: gateway/routing/explain.py)."""
+        """The labelled child, cached (reasons and load choices are bounded sets: rule names
+        come from settings; gateway/routing/explain.py)."""
         child = self._counters.get(labels)
         if child is None:
             child = self._counters[labels] = self.metrics.routing_decisions.labels(*labels)

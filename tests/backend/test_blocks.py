@@ -128,6 +128,11 @@ def test_lru_evicts_least_recently_freed_and_tails_first() -> None:
     ]
     assert bm.eviction_order() == [new_full[0]]
     assert bm.num_cached_blocks == 1
+    # what the router asks: registered content, free or not, until it is evicted
+    assert bm.cached_prefix_blocks(new.block_hashes) == 1
+    assert bm.cached_prefix_blocks(old.block_hashes) == 0
+    assert bm.cached_prefix_blocks([]) == 0
+    assert bm.cached_prefix_blocks([new.block_hashes[0], old.block_hashes[0]]) == 1
 
 
 def test_reuse_moves_a_block_out_of_the_lru() -> None:

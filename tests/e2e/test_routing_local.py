@@ -1,6 +1,7 @@
 """Routing with the local engine through the real app: a key's reasoning budget enforced by the
 engine, a key with thinking off, and overflow to an upstream when the local queue is full (never
-for a key limited to the local engine). Tiny random-weight checkpoint, real Redis, mock upstream."""
+for a key limited to the local engine), unless the engine caches the conversation's prefix.
+Tiny random-weight checkpoint, real Redis, mock upstream."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,9 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from gateway.appkeys import ROUTER
+from gateway.appkeys import PIPELINE, ROUTER
 from gateway.keys.records import KeyCreate
-from gateway.keys.store import KeyStore
+from gateway.keys.store import KeySpace, KeyStore
 from gateway.settings import Settings
 from providers.local import LocalProvider
 from tests.e2e.conftest import local_settings
@@ -67,7 +69,8 @@ async def routed(tiny_checkpoint: Path) -> AsyncIterator[LocalRouted]:
             {"provider": "mock", "model": "echo"},
         ],
     }
-    base["routing"] = {"local_max_queue": 0}
+    # one request running fills the queue allowance; beyond it, 64 cached tokens keep one more
+    base["routing"] = {"local_max_queue": 0, "prefix": {"wait_cost_tokens": 64, "max_queue": 1}}
     runner, root = await start_gateway(Settings(**base))
     gateway = LocalRouted(root, runner.app, prefix, mock)
     try:
@@ -128,11 +131,10 @@ async def test_a_key_with_thinking_off_gets_no_reasoning_from_the_reasoner(
     assert fields(raw.headers["x-gateway-route"])["reason"] == "policy:off"
 
 
-async def test_overflow_to_an_upstream_when_the_local_queue_is_full(routed: LocalRouted) -> None:
+@asynccontextmanager
+async def busy_engine(routed: LocalRouted) -> AsyncIterator[None]:
+    """The engine's one slot taken by a long stream, until exit."""
     key = (await routed.client()).api_key
-    local_only = await routed.client(providers="local")
-    _, route = await _route(local_only, EASY)  # an idle engine serves auto-local itself
-    assert (route["provider"], "overflow" in route) == ("local", False)
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
         body = {
             "model": "deepseek-chat",
@@ -141,31 +143,106 @@ async def test_overflow_to_an_upstream_when_the_local_queue_is_full(routed: Loca
             "stream": True,
         }
         async with http.post(routed.root + "/v1/chat/completions", json=body) as busy:
-            await busy.content.readline()  # the engine's one slot is taken
+            await busy.content.readline()
 
             async def running() -> bool:
                 return routed.provider.engine_stats().num_running == 1
 
             await until(running)
-            sent = len(routed.mock.requests)
-            _, route = await _route(await routed.client(), EASY)
-            assert (route["provider"], route["overflow"]) == ("mock", "queue")
-            assert len(routed.mock.requests) == sent + 1
-            # a key that may not use upstreams waits for the local engine instead
-            waiting = asyncio.ensure_future(_route(local_only, EASY))
-
-            async def queued() -> bool:
-                return routed.provider.engine_stats().num_waiting == 1
-
-            await until(queued)
-            assert len(routed.mock.requests) == sent + 1
-        _, route = await waiting  # the busy stream closed: its slot is free
-        assert route["provider"] == "local" and "overflow" not in route
+            yield
 
 
-async def _route(client: openai.AsyncOpenAI, text: str) -> tuple[Any, dict[str, str]]:
+async def queued(routed: LocalRouted) -> None:
+    """Until one request waits for the engine's slot."""
+
+    async def waiting() -> bool:
+        return routed.provider.engine_stats().num_waiting == 1
+
+    await until(waiting)
+
+
+async def test_overflow_to_an_upstream_when_the_local_queue_is_full(routed: LocalRouted) -> None:
+    local_only = await routed.client(providers="local")
+    _, route = await _route(local_only, EASY)  # an idle engine serves auto-local itself
+    assert (route["provider"], "overflow" in route) == ("local", False)
+    async with busy_engine(routed):
+        sent = len(routed.mock.requests)
+        _, route = await _route(await routed.client(), EASY)
+        assert (route["provider"], route["overflow"]) == ("mock", "queue")
+        assert len(routed.mock.requests) == sent + 1
+        # a key that may not use upstreams waits for the local engine instead
+        waiting = asyncio.ensure_future(_route(local_only, EASY))
+        await queued(routed)
+        assert len(routed.mock.requests) == sent + 1
+    _, route = await waiting  # the busy stream closed: its slot is free
+    assert route["provider"] == "local" and "overflow" not in route
+
+
+def conversation(topic: str) -> list[dict[str, str]]:
+    """A first turn with a long system prompt of its own (about 300 tokens)."""
+    system = f"{topic}: " + " ".join(f"rule {i} is to stay on {topic}." for i in range(30))
+    return [{"role": "system", "content": system}, {"role": "user", "content": "Begin."}]
+
+
+async def test_a_cached_conversation_stays_local_under_a_queue_a_cold_one_overflows(
+    routed: LocalRouted,
+) -> None:
+    client = await routed.client()
+    first = conversation("tides")
+    answer, route = await _route(client, "", first)  # idle: served here, its prefix now cached
+    assert route["provider"] == "local" and "kept" not in route and "overflow" not in route
+    follow_up = [
+        *first,
+        {"role": "assistant", "content": answer.choices[0].message.content},
+        {"role": "user", "content": "Go on."},
+    ]
+    local_only = await routed.client(providers="local")
+    async with busy_engine(routed):
+        sent = len(routed.mock.requests)
+        _, cold = await _route(client, "", conversation("comets"))
+        assert (cold["provider"], cold["cached"], cold["overflow"]) == ("mock", "0", "queue")
+        # the conversation the engine holds waits for it instead of going upstream
+        kept = asyncio.ensure_future(_route(client, "", follow_up))
+        await queued(routed)
+        assert len(routed.mock.requests) == sent + 1  # the cold one only
+    answer, route = await kept
+    assert (route["provider"], route["kept"], "overflow" in route) == ("local", "prefix", False)
+    cached = int(route["cached"])
+    assert cached >= 64
+    details = answer.usage.prompt_tokens_details
+    assert details is not None and (details.cached_tokens or 0) >= cached  # as it ran
+    # a local-only key is never sent upstream, cached or not
+    async with busy_engine(routed):
+        waiting = asyncio.ensure_future(_route(local_only, "", conversation("dunes")))
+        await queued(routed)
+        assert len(routed.mock.requests) == sent + 1
+    _, alone = await waiting
+    assert alone["provider"] == "local" and "overflow" not in alone and "cached" not in alone
+    # the usage record and the metrics say why
+    await routed.app[PIPELINE].drain()
+    redis = Redis.from_url(REDIS_URL)
+    try:
+        entries = await redis.xrange(KeySpace(routed.prefix).usage_log())
+    finally:
+        await redis.aclose()
+    records = [fields(e[b"route"].decode()) for _, e in entries]
+    assert route in records and cold in records
+    async with aiohttp.ClientSession() as http, http.get(routed.root + "/metrics") as resp:
+        text = await resp.text()
+    for load, why in (("prefix", route), ("queue", cold)):
+        assert (
+            f'gateway_routing_decisions_total{{load="{load}",mode="applied",'
+            f'provider="{why["provider"]}",reason="{why["reason"]}",thinking="{why["thinking"]}"}}'
+        ) in text
+
+
+async def _route(
+    client: openai.AsyncOpenAI, text: str, messages: list[dict[str, str]] | None = None
+) -> tuple[Any, dict[str, str]]:
     raw = await client.chat.completions.with_raw_response.create(
-        model="auto-local", messages=[{"role": "user", "content": text}], max_tokens=4
+        model="auto-local",
+        messages=messages or [{"role": "user", "content": text}],  # type: ignore[arg-type]
+        max_tokens=4,
     )
     return raw.parse(), fields(raw.headers["x-gateway-route"])
 

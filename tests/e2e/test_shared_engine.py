@@ -218,7 +218,7 @@ async def test_a_client_leaving_worker_1_frees_the_engines_blocks(pair: WorkerPa
 
 async def test_load_counts_requests_sent_since_the_last_poll() -> None:
     stats = EngineStats(2, 3, 10, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0)
-    info = EngineInfo(Path("/ckpt"), "m", 2048, 8, True, stats)
+    info = EngineInfo(Path("/ckpt"), "m", 2048, 8, True, stats, 16, b"seed")
     async with aiohttp.ClientSession() as session:
         engine = SharedEngine(session, "secret", info)
         assert engine.stats().num_waiting == 2 and engine.is_running

@@ -161,12 +161,12 @@ async def test_shadow_mode_reports_without_applying(routed: Routed) -> None:
     async with aiohttp.ClientSession() as http, http.get(routed.root + "/metrics") as resp:
         text = await resp.text()
     assert (
-        'gateway_routing_decisions_total{mode="shadow",provider="mock",reason="score",'
-        'thinking="on"} 1.0'
+        'gateway_routing_decisions_total{load="none",mode="shadow",provider="mock",'
+        'reason="score",thinking="on"} 1.0'
     ) in text
     assert (
-        'gateway_routing_decisions_total{mode="applied",provider="mock",reason="default",'
-        'thinking="off"} 1.0'
+        'gateway_routing_decisions_total{load="none",mode="applied",provider="mock",'
+        'reason="default",thinking="off"} 1.0'
     ) in text
 
 
