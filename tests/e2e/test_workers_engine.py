@@ -50,7 +50,9 @@ class Gateway:
 
     def events(self, name: str | None) -> list[dict[str, Any]]:
         """The log's events called `name` (None: all), in order."""
-        lines = self.log_path.read_text().splitlines()
+        text = self.log_path.read_text()
+        # Only whole lines: a worker may be writing the last one while it is read.
+        lines = text[: text.rfind("\n") + 1].splitlines()
         events = [json.loads(line) for line in lines if line.startswith("{")]
         return [e for e in events if name is None or e.get("event") == name]
 
