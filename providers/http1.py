@@ -7,11 +7,14 @@ gateway never uses). This client builds the request's bytes in one join, writes 
 `transport.write`, and parses the answer with httptools (llhttp, the parser Node.js uses).
 
 Contract:
-- `Http1Pool.post(path, headers, body)` returns an `Http1Response` once the status line and the
-  headers are in; its body is read with `readany()` (the bytes buffered so far, b"" at the end)
-  or `read()` (the whole body). `close()` hands the connection back to the pool when the answer
-  was read to its end and both sides keep it alive, and closes it otherwise (an abandoned or
-  cancelled read never leaves a half-read connection in the pool).
+- `Http1Pool.post(path, headers, body, deadline)` returns an `Http1Response` once the status
+  line and the headers are in, or raises `Http1Timeout` when `deadline` (loop time) passes first;
+  the deadline stays armed over the body's reads until `disarm()` (one timer for the whole
+  exchange: no `asyncio.timeout` per step). Its body is read with `readany()` (the bytes
+  buffered so far, b"" at the end) or `read()` (the whole body). `close()` hands the
+  connection back to the pool when the answer was read to its end and both sides keep it alive,
+  and closes it otherwise (an abandoned, timed-out or cancelled read never leaves a half-read
+  connection in the pool).
 - Errors are `Http1Error` (the connection failed, or closed before the answer ended) and
   `ConnectTimeout` (no connection within the pool's connect timeout). A pooled connection that
   the server closed while idle is noticed before use or, if it dies before the first byte of
@@ -59,6 +62,10 @@ class ConnectTimeout(Http1Error):
     """No connection within the connect timeout."""
 
 
+class Http1Timeout(Http1Error):
+    """The exchange's deadline passed (the connection is closed: its answer is abandoned)."""
+
+
 class Http1Response:
     """One answer: `status`, `reason`, `headers` (lower-case names), then its body."""
 
@@ -78,6 +85,10 @@ class Http1Response:
 
     async def readany(self) -> bytes:
         return await self._conn.readany()
+
+    def disarm(self) -> None:
+        """No deadline from now on (the caller times each read itself)."""
+        self._conn.disarm()
 
     async def read(self) -> bytes:
         parts = []
@@ -111,6 +122,7 @@ class _Connection(asyncio.Protocol):
         self._until_eof = False  # no length, not chunked: the body ends with the connection
         self._inflate: zlib._Decompress | None = None
         self._keep_alive = False
+        self._timer: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol
 
@@ -192,12 +204,22 @@ class _Connection(asyncio.Protocol):
 
     # the pool's and the response's side
 
-    async def send(self, request: bytes) -> Http1Response:
-        """Writes `request`; returns the answer once its headers are in."""
+    async def send(self, request: bytes, deadline: float) -> Http1Response:
+        """Writes `request`; returns the answer once its headers are in, by `deadline`."""
         assert self._transport is not None
         self._headers_ready = self._loop.create_future()
+        self._timer = self._loop.call_at(deadline, self._expire)
         self._transport.write(request)
         return await self._headers_ready
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        self._fail(Http1Timeout("the deadline passed"))
 
     async def readany(self) -> bytes:
         while not self._body:
@@ -220,6 +242,7 @@ class _Connection(asyncio.Protocol):
 
     def release(self) -> None:
         """Back to the pool if the answer was read to its end and the connection lives on."""
+        self.disarm()
         reusable = (
             self._complete
             and not self._body
@@ -235,6 +258,7 @@ class _Connection(asyncio.Protocol):
             self.abort()
 
     def abort(self) -> None:
+        self.disarm()
         self.lost = True
         if self._transport is not None:
             self._transport.abort()
@@ -316,36 +340,52 @@ class Http1Pool:
         parts = urlsplit(url)
         return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
-    async def post(self, path: str, headers: Mapping[str, str], body: bytes) -> Http1Response:
+    async def post(
+        self, path: str, headers: Mapping[str, str], body: bytes, deadline: float
+    ) -> Http1Response:
         merged = _by_lower_name(self._fixed, headers) if headers else self._fixed
         lines = [f"POST {path} HTTP/1.1"]
         lines.extend(f"{name}: {value}" for name, value in merged.values())
         lines.append(f"Content-Length: {len(body)}\r\n\r\n")
         request = "\r\n".join(lines).encode("latin-1") + body
-        conn = await self._connection()
+        conn = self._idle_connection() or await self._connection_by(deadline)
         try:
-            return await self._send(conn, request)
+            return await self._send(conn, request, deadline)
+        except Http1Timeout:
+            raise
         except Http1Error:
             if not conn.reused or conn.answered:
                 raise
         # The server had closed the idle connection as the request went out: once more, anew.
-        return await self._send(await self._connect(), request)
+        return await self._send(await self._connection_by(deadline), request, deadline)
 
     @staticmethod
-    async def _send(conn: _Connection, request: bytes) -> Http1Response:
+    async def _send(conn: _Connection, request: bytes, deadline: float) -> Http1Response:
         try:
-            return await conn.send(request)
+            return await conn.send(request, deadline)
         except BaseException:  # cancelled or failed before the headers: nobody will close it
             conn.abort()
             raise
 
+    def _idle_connection(self) -> _Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.lost:
+                return conn
+        return None
+
+    async def _connection_by(self, deadline: float) -> _Connection:
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._connection()
+        except TimeoutError:
+            raise Http1Timeout("the deadline passed waiting for a connection") from None
+
     async def _connection(self) -> _Connection:
         """An idle connection, a new one, or (all `max_connections` busy) the next one freed."""
         while True:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.lost:
-                    return conn
+            if (conn := self._idle_connection()) is not None:
+                return conn
             if not self._open_or_connecting_full():
                 return await self._connect()
             slot = self.loop.create_future()

@@ -40,7 +40,7 @@ from providers.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from providers.http1 import ConnectTimeout, Http1Error, Http1Pool, Http1Response
+from providers.http1 import ConnectTimeout, Http1Error, Http1Pool, Http1Response, Http1Timeout
 from providers.openai_wire import ChunkDecoder, ThinkingStyle, build_body, error_message
 from providers.read_deadline import ReadDeadline
 from providers.sse import SSEEvent, SSEParser
@@ -176,13 +176,16 @@ class OpenAIUpstream:
         resp = await self._post(url, body, deadline, self._account_headers(request), waiting_for)
         reads = ReadDeadline()
         try:  # closing a fully read response leaves its connection in the pool
+            if streamed:
+                resp.disarm()  # the reads below keep their own deadlines
             if resp.status >= 400:
                 raise await self._http_error(resp)
             decoder = self._decoder()
             out: list[Event] = []
             if resp.content_type != "text/event-stream":
                 # A JSON answer to a streamed request: its body is read like one chunk.
-                by = deadline + config.idle_timeout_s if streamed else deadline
+                # Non-streamed: read by the answer deadline, still armed.
+                by = deadline + config.idle_timeout_s if streamed else None
                 answer = await self._read_json(resp, by, "idle" if streamed else "answer")
                 self._decode(decoder.feed, answer, out, "answer")
                 if not decoder.finished:
@@ -310,11 +313,10 @@ class OpenAIUpstream:
         pool = self._open_pool()
         path = self._paths.get(url) or self._paths.setdefault(url, pool.path_of(url))
         try:
-            async with asyncio.timeout_at(deadline):
-                return await pool.post(path, headers, jsoncodec.dumps(body))
+            return await pool.post(path, headers, jsoncodec.dumps(body), deadline)
         except ConnectTimeout:
             raise self._timeout("connect") from None
-        except TimeoutError:
+        except Http1Timeout:
             raise self._timeout(waiting_for) from None
         except Http1Error as exc:
             raise UpstreamUnavailable(
@@ -324,12 +326,16 @@ class OpenAIUpstream:
             ) from exc
 
     async def _read_json(
-        self, resp: Http1Response, deadline: float, waiting_for: str
+        self, resp: Http1Response, deadline: float | None, waiting_for: str
     ) -> dict[str, Any]:
+        """The answer's JSON object, by `deadline` (None: the exchange's, armed by `post`)."""
         try:
-            async with asyncio.timeout_at(deadline):
+            if deadline is None:
                 raw = await resp.read()
-        except TimeoutError:
+            else:
+                async with asyncio.timeout_at(deadline):
+                    raw = await resp.read()
+        except (TimeoutError, Http1Timeout):
             raise self._timeout(waiting_for) from None
         except Http1Error as exc:
             raise self._broken(exc) from exc

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from providers.http1 import ConnectTimeout, Http1Error, Http1Pool
+from providers.http1 import ConnectTimeout, Http1Error, Http1Pool, Http1Timeout
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -50,6 +50,11 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[str, dict[str, str
     return line, headers, body
 
 
+def soon(seconds: float = 5.0) -> float:
+    """A deadline `seconds` from now, in loop time."""
+    return asyncio.get_running_loop().time() + seconds
+
+
 def answer(body: bytes, *extra: str, status: str = "200 OK") -> bytes:
     lines = [f"HTTP/1.1 {status}", f"Content-Length: {len(body)}", *extra]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
@@ -84,7 +89,7 @@ async def test_post_sends_the_body_and_reuses_the_connection(pools: list[Http1Po
     async with server as url:
         pool = pool_for(pools, url, Authorization="Bearer k")
         for i in range(3):
-            resp = await pool.post("/v1/chat/completions", {}, b'{"n": %d}' % i)
+            resp = await pool.post("/v1/chat/completions", {}, b'{"n": %d}' % i, soon())
             assert (resp.status, resp.content_type) == (200, "application/json")
             assert await resp.read() == b'{"ok": true}'
             resp.close()
@@ -106,12 +111,12 @@ async def test_a_header_given_per_request_replaces_the_pools_whatever_its_case(
 
     async with RawServer(handler) as url:
         pool = pool_for(pools, url, Authorization="Bearer pool")
-        resp = await pool.post("/x", {"authorization": "Bearer account-2"}, b"")
+        resp = await pool.post("/x", {"authorization": "Bearer account-2"}, b"", soon())
         await resp.read()
         resp.close()
     assert b"Bearer account-2" in seen[0] and b"Bearer pool" not in seen[0]
     with pytest.raises(ValueError):
-        await pool.post("/x", {"X-Evil": "a\r\nHost: other"}, b"")
+        await pool.post("/x", {"X-Evil": "a\r\nHost: other"}, b"", soon())
 
 
 async def test_chunked_streams_arrive_as_they_are_sent(pools: list[Http1Pool]) -> None:
@@ -125,7 +130,7 @@ async def test_chunked_streams_arrive_as_they_are_sent(pools: list[Http1Pool]) -
         writer.write(b"6\r\ndata:2\r\n0\r\n\r\n")
 
     async with RawServer(handler) as url:
-        resp = await pool_for(pools, url).post("/", {}, b"")
+        resp = await pool_for(pools, url).post("/", {}, b"", soon())
         assert resp.content_type == "text/event-stream"
         assert await resp.readany() == b"data:1"  # before the rest was even sent
         go_on.set()
@@ -143,7 +148,7 @@ async def test_a_body_without_length_ends_with_the_connection(pools: list[Http1P
     async with server as url:
         pool = pool_for(pools, url)
         for _ in range(2):  # the second request needs a new connection
-            resp = await pool.post("/", {}, b"")
+            resp = await pool.post("/", {}, b"", soon())
             assert await resp.read() == b"all of it"
             resp.close()
     assert server.connections == 2
@@ -157,7 +162,7 @@ async def test_a_compressed_answer_is_inflated(pools: list[Http1Pool]) -> None:
         writer.write(answer(packed, "Content-Encoding: gzip"))
 
     async with RawServer(handler) as url:
-        resp = await pool_for(pools, url).post("/", {}, b"")
+        resp = await pool_for(pools, url).post("/", {}, b"", soon())
         assert await resp.read() == b'{"text": "' + b"x" * 5000 + b'"}'
         resp.close()
 
@@ -174,7 +179,7 @@ async def test_a_connection_the_server_dropped_while_idle_is_replaced(
     async with server as url:
         pool = pool_for(pools, url)
         for _ in range(3):
-            resp = await pool.post("/", {}, b"")
+            resp = await pool.post("/", {}, b"", soon())
             assert await resp.read() == b"one"
             resp.close()
             await asyncio.sleep(0)  # the server's close may or may not have arrived yet
@@ -187,7 +192,7 @@ async def test_a_server_that_closes_before_answering_is_an_error(pools: list[Htt
 
     async with RawServer(handler) as url:
         with pytest.raises(Http1Error):
-            await pool_for(pools, url).post("/", {}, b"")
+            await pool_for(pools, url).post("/", {}, b"", soon())
 
 
 async def test_a_body_cut_short_is_an_error(pools: list[Http1Pool]) -> None:
@@ -197,7 +202,7 @@ async def test_a_body_cut_short_is_an_error(pools: list[Http1Pool]) -> None:
         await writer.drain()
 
     async with RawServer(handler) as url:
-        resp = await pool_for(pools, url).post("/", {}, b"")
+        resp = await pool_for(pools, url).post("/", {}, b"", soon())
         with pytest.raises(Http1Error):
             await resp.read()
         resp.close()
@@ -211,7 +216,7 @@ async def test_garbage_is_an_error(pools: list[Http1Pool]) -> None:
 
     async with RawServer(handler) as url:
         with pytest.raises(Http1Error, match="malformed"):
-            await pool_for(pools, url).post("/", {}, b"")
+            await pool_for(pools, url).post("/", {}, b"", soon())
 
 
 async def test_an_abandoned_answer_does_not_go_back_to_the_pool(pools: list[Http1Pool]) -> None:
@@ -227,7 +232,7 @@ async def test_an_abandoned_answer_does_not_go_back_to_the_pool(pools: list[Http
     async with server as url:
         pool = pool_for(pools, url)
         for _ in range(2):
-            resp = await pool.post("/", {}, b"")
+            resp = await pool.post("/", {}, b"", soon())
             assert await resp.readany() == b"half"
             resp.close()  # four bytes of ten read: this connection cannot serve another answer
     assert server.connections == 2
@@ -250,7 +255,7 @@ async def test_at_most_max_connections_then_requests_wait_for_one(pools: list[Ht
         pool = pool_for(pools, url, limit=2)
 
         async def one() -> bytes:
-            resp = await pool.post("/", {}, b"")
+            resp = await pool.post("/", {}, b"", soon())
             try:
                 return await resp.read()
             finally:
@@ -274,7 +279,7 @@ async def test_cancelling_a_waiting_request_closes_its_connection(pools: list[Ht
 
     async with RawServer(handler) as url:
         pool = pool_for(pools, url)
-        task = asyncio.create_task(pool.post("/", {}, b""))
+        task = asyncio.create_task(pool.post("/", {}, b"", soon()))
         await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -282,10 +287,35 @@ async def test_cancelling_a_waiting_request_closes_its_connection(pools: list[Ht
         await asyncio.wait_for(closed.wait(), 5)
 
 
+async def test_the_deadline_covers_the_headers_and_the_body(pools: list[Http1Pool]) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line, _, _ = await read_request(reader)
+        if line.startswith("POST /body"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
+        await reader.read()  # then silence, until the client closes
+
+    server = RawServer(handler)
+    async with server as url:
+        pool = pool_for(pools, url)
+        with pytest.raises(Http1Timeout):
+            await pool.post("/head", {}, b"", soon(0.1))
+        resp = await pool.post("/body", {}, b"", soon(0.2))
+        with pytest.raises(Http1Timeout):
+            await resp.read()
+        resp.close()
+        # a disarmed answer waits for its reader's own deadline instead
+        resp = await pool.post("/body", {}, b"", soon(0.1))
+        resp.disarm()
+        await asyncio.sleep(0.2)
+        assert await resp.readany() == b"half"
+        resp.close()
+    assert server.connections == 3  # a timed-out exchange never goes back to the pool
+
+
 async def test_connect_errors() -> None:
     refused = Http1Pool("http://127.0.0.1:1/v1", {}, connect_timeout_s=2.0, max_connections=1)
     with pytest.raises(Http1Error, match="cannot connect"):
-        await refused.post("/", {}, b"")
+        await refused.post("/", {}, b"", soon())
     with pytest.raises(ValueError):
         Http1Pool("ftp://x/v1", {}, connect_timeout_s=1.0, max_connections=1)
     assert issubclass(ConnectTimeout, Http1Error)  # a connect timeout: test_openai_upstream.py
