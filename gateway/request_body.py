@@ -12,6 +12,8 @@ from gateway.errors import RequestTimeout
 
 
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
+    if request.content.is_eof():  # it all came with the head: nothing to wait for, no timer
+        return await request.read()
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()

@@ -1,8 +1,11 @@
 """An upstream that speaks the OpenAI API (TaoToken, DeepSeek, OpenAI, vLLM, SGLang).
 
-One `aiohttp.ClientSession` per provider, opened by `open()` (or on first use) and closed by
-`close()`. A streaming client's request is streamed from the upstream; a client that asked for
-one JSON body gets one from the upstream too, unless `stream_upstream` is set.
+Chat and completions requests go over the provider's `Http1Pool` (providers/http1.py: a lean
+HTTP/1.1 client; aiohttp's client cost as much CPU per request as the gateway's whole server
+side); `/models` and health checks over an `aiohttp.ClientSession`. Both are opened by `open()`
+(or on first use) and closed by `close()`. A streaming client's request is streamed from the
+upstream; a client that asked for one JSON body gets one from the upstream too, unless
+`stream_upstream` is set.
 
 Why: each chunk of a streamed answer costs a read, an SSE parse and a JSON decode (a third of
 the gateway's CPU per request on 20-chunk answers); what streaming bought a JSON client is a
@@ -37,6 +40,7 @@ from providers.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from providers.http1 import ConnectTimeout, Http1Error, Http1Pool, Http1Response, Http1Timeout
 from providers.openai_wire import ChunkDecoder, ThinkingStyle, build_body, error_message
 from providers.read_deadline import ReadDeadline
 from providers.sse import SSEEvent, SSEParser
@@ -45,7 +49,7 @@ from providers.upstream_errors import clip, describe, http_error
 
 # How long to wait, after `[DONE]`, for the end of the body before closing the connection.
 _DRAIN_TIMEOUT_S = 1.0
-_JSON_HEADERS = {"Content-Type": "application/json"}
+_NO_HEADERS: Mapping[str, str] = {}
 
 
 class StreamDecoder(Protocol):
@@ -91,23 +95,46 @@ class OpenAIUpstream:
         self._chat_url = base + "/chat/completions"
         self._completions_url = base + "/completions"
         self._models_url = base + "/models"
+        self._paths: dict[str, str] = {}  # URL -> its request target on the pool's origin
         self._session: aiohttp.ClientSession | None = None
+        self._pool: Http1Pool | None = None
         self._closed = False
 
     async def open(self) -> None:
+        self._open_pool()
         self._open_session()
 
     async def close(self) -> None:
         self._closed = True
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-    def _open_session(self) -> aiohttp.ClientSession:
+    def _refuse_if_closed(self) -> None:
         if self._closed:
             raise UpstreamUnavailable(
                 f"Provider '{self.name}' is shutting down.", provider=self.name
             )
+
+    def _open_pool(self) -> Http1Pool:
+        if self._pool is None:
+            self._refuse_if_closed()
+            config = self._config
+            headers = {"Content-Type": "application/json", **self._auth_headers()}
+            headers.update(config.headers)
+            self._pool = Http1Pool(
+                config.base_url,
+                headers,
+                connect_timeout_s=config.connect_timeout_s,
+                max_connections=config.max_connections,
+            )
+        return self._pool
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        self._refuse_if_closed()
         if self._session is None:
             config = self._config
             headers = self._auth_headers()
@@ -149,13 +176,16 @@ class OpenAIUpstream:
         resp = await self._post(url, body, deadline, self._account_headers(request), waiting_for)
         reads = ReadDeadline()
         try:  # closing a fully read response leaves its connection in the pool
+            if streamed:
+                resp.disarm()  # the reads below keep their own deadlines
             if resp.status >= 400:
                 raise await self._http_error(resp)
             decoder = self._decoder()
             out: list[Event] = []
             if resp.content_type != "text/event-stream":
                 # A JSON answer to a streamed request: its body is read like one chunk.
-                by = deadline + config.idle_timeout_s if streamed else deadline
+                # Non-streamed: read by the answer deadline, still armed.
+                by = deadline + config.idle_timeout_s if streamed else None
                 answer = await self._read_json(resp, by, "idle" if streamed else "answer")
                 self._decode(decoder.feed, answer, out, "answer")
                 if not decoder.finished:
@@ -196,7 +226,7 @@ class OpenAIUpstream:
             resp.close()
 
     async def _read_chunk(
-        self, resp: aiohttp.ClientResponse, reads: ReadDeadline, first_data_by: float | None
+        self, resp: Http1Response, reads: ReadDeadline, first_data_by: float | None
     ) -> bytes:
         """The next body bytes (b"" at the end), within the first-data deadline or idle timeout."""
         if first_data_by is None:
@@ -204,19 +234,19 @@ class OpenAIUpstream:
         else:
             timeout_at = first_data_by
         try:
-            return await reads.read(resp.content.readany(), timeout_at)
+            return await reads.read(resp.readany(), timeout_at)
         except TimeoutError:
             raise self._timeout("idle" if first_data_by is None else "first byte") from None
-        except aiohttp.ClientError as exc:
+        except Http1Error as exc:
             raise self._broken(exc) from exc
 
-    async def _drain(self, resp: aiohttp.ClientResponse) -> None:
+    async def _drain(self, resp: Http1Response) -> None:
         """After `[DONE]`: reads to the end of the body, so the connection can be reused."""
         try:
             async with asyncio.timeout(_DRAIN_TIMEOUT_S):
-                while await resp.content.readany():
+                while await resp.readany():
                     pass
-        except (TimeoutError, aiohttp.ClientError):
+        except (TimeoutError, Http1Error):
             pass  # the connection is closed instead
 
     def _frames(self, frames: list[SSEEvent], decoder: StreamDecoder, out: list[Event]) -> bool:
@@ -266,10 +296,10 @@ class OpenAIUpstream:
         """The conversation's account's key, when there are several (else the session's)."""
         accounts = self._config.accounts
         if len(accounts) < 2:
-            return _JSON_HEADERS
+            return _NO_HEADERS
         i = pick([name for name, _ in accounts], conversation_key(request))
         request.trace.placement = f"account={i + 1}/{len(accounts)}"
-        return {**_JSON_HEADERS, "Authorization": f"Bearer {accounts[i][1]}"}
+        return {"Authorization": f"Bearer {accounts[i][1]}"}
 
     async def _post(
         self,
@@ -278,17 +308,17 @@ class OpenAIUpstream:
         deadline: float,
         headers: Mapping[str, str],
         waiting_for: str,
-    ) -> aiohttp.ClientResponse:
+    ) -> Http1Response:
         """The response's status and headers, by `deadline` (else the `waiting_for` timeout)."""
-        session = self._open_session()
+        pool = self._open_pool()
+        path = self._paths.get(url) or self._paths.setdefault(url, pool.path_of(url))
         try:
-            async with asyncio.timeout_at(deadline):
-                return await session.post(url, data=jsoncodec.dumps(body), headers=headers)
-        except aiohttp.ConnectionTimeoutError:
+            return await pool.post(path, headers, jsoncodec.dumps(body), deadline)
+        except ConnectTimeout:
             raise self._timeout("connect") from None
-        except TimeoutError:
+        except Http1Timeout:
             raise self._timeout(waiting_for) from None
-        except aiohttp.ClientError as exc:
+        except Http1Error as exc:
             raise UpstreamUnavailable(
                 f"Provider '{self.name}' could not be reached.",
                 provider=self.name,
@@ -296,14 +326,18 @@ class OpenAIUpstream:
             ) from exc
 
     async def _read_json(
-        self, resp: aiohttp.ClientResponse, deadline: float, waiting_for: str
+        self, resp: Http1Response, deadline: float | None, waiting_for: str
     ) -> dict[str, Any]:
+        """The answer's JSON object, by `deadline` (None: the exchange's, armed by `post`)."""
         try:
-            async with asyncio.timeout_at(deadline):
+            if deadline is None:
                 raw = await resp.read()
-        except TimeoutError:
+            else:
+                async with asyncio.timeout_at(deadline):
+                    raw = await resp.read()
+        except (TimeoutError, Http1Timeout):
             raise self._timeout(waiting_for) from None
-        except aiohttp.ClientError as exc:
+        except Http1Error as exc:
             raise self._broken(exc) from exc
         try:
             payload = jsoncodec.loads(raw)
@@ -313,14 +347,15 @@ class OpenAIUpstream:
             raise self._unreadable("answer", f"not a JSON object: {raw[:200]!r}")
         return payload
 
-    async def _http_error(self, resp: aiohttp.ClientResponse) -> ProviderError:
+    async def _http_error(self, resp: Http1Response | aiohttp.ClientResponse) -> ProviderError:
         try:
             async with asyncio.timeout(self._config.idle_timeout_s):
                 raw = await resp.read()
             message = error_message(jsoncodec.loads(raw))
-        except (TimeoutError, aiohttp.ClientError, ValueError):
+        except (TimeoutError, Http1Error, aiohttp.ClientError, ValueError):
             message = resp.reason or ""
-        return http_error(self.name, resp.status, message, resp.headers.get("Retry-After"))
+        # Http1Response's header names are lower-case; aiohttp's lookup ignores case.
+        return http_error(self.name, resp.status, message, resp.headers.get("retry-after"))
 
     def _timeout(self, what: str) -> UpstreamTimeout:
         config, who = self._config, f"Provider '{self.name}'"
