@@ -3,20 +3,20 @@
     python -m benchmarks.mtp CHECKPOINT [--device cpu|cuda] [--dtype ...] [--batches 1,8,32]
         [--spec-tokens 1] [--output-tokens 64] [--rounds 7] [--threads 1]
 
-For each batch size: as many prompts (32-token windows of the Python standard library's source,
-which the demo model was trained on), greedy, EOS ignored, decoded three ways: plain
-(speculation off), speculation forced on every step, and the engine's policy (on up to
-`spec_max_batch_size` from the engine's defaults). The three alternate in `--rounds` rounds in
-this one process (the order rotates each round), so a slow spell of the machine hits all of
-them; every figure is a median over the rounds, speedups the median of the rounds' paired
-ratios. Each decode phase (after every request has its first token) is timed in wall-clock
-seconds and in this thread's CPU seconds (`time.thread_time`: with one torch thread, the CPU
-the engine used, blind to other processes taking the cores; on a GPU only wall clock means
-anything). Printed per batch size: decode tokens/s plain and with speculation (wall), the
-acceptance rate, tokens per verification (accepted length), the draft's cost (MTP seconds per
-drafting step / plain decode step seconds), the speedup those predict, (1 + accepted per step)
-/ (1 + draft cost), beside the measured one by wall clock and by CPU time, the measured share of
-the predicted one, and the policy's speedup.
+For each batch size and round: as many prompts (32-token windows of the Python standard library's
+source, which the demo model was trained on; new ones each round, since acceptance depends on the
+text), greedy, EOS ignored, decoded three ways: plain (speculation off), speculation forced on
+every step, and the engine's policy (on up to `spec_max_batch_size` from the engine's defaults).
+The three alternate in `--rounds` rounds in this one process (the order rotates each round), so a
+slow spell of the machine hits all of them; every figure is a median over the rounds, speedups
+the median of the rounds' paired ratios. Each decode phase (after every request has its first
+token) is timed in wall-clock seconds and in this thread's CPU seconds (`time.thread_time`: with
+one torch thread, the CPU the engine used, blind to other processes taking the cores; on a GPU
+only wall clock means anything). Printed per batch size: decode tokens/s plain and with
+speculation (wall), the acceptance rate, tokens per verification (accepted length), the draft's
+cost (MTP seconds per drafting step / plain decode step seconds), the speedup those predict,
+(1 + accepted per step) / (1 + draft cost), beside the measured one by wall clock and by CPU
+time, the measured share of the predicted one, and the policy's speedup.
 
 Targets: at batch 1 measured >= 90% of predicted and > 1; the policy never slower than plain.
 """
@@ -83,10 +83,14 @@ class Row:
     policy: float
 
 
-def corpus_prompts(tokenizer: Tokenizer, count: int, seed: int) -> list[list[int]]:
+def corpus_ids(tokenizer: Tokenizer) -> list[int]:
     ids: list[int] = []
     for text in stdlib_texts(400_000):
         ids.extend(tokenizer.encode(text, allow_special=False))
+    return ids
+
+
+def corpus_prompts(ids: list[int], count: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     starts = [rng.randrange(len(ids) - PROMPT_TOKENS) for _ in range(count)]
     return [ids[s : s + PROMPT_TOKENS] for s in starts]
@@ -134,13 +138,15 @@ def build(model: DeepseekV3ForCausalLM, checkpoint: Path, config: EngineConfig) 
 
 
 def measure(
-    engines: dict[str, LLMEngine], prompts: list[list[int]], output_tokens: int, rounds: int
+    engines: dict[str, LLMEngine], ids: list[int], batch: int, output_tokens: int, rounds: int
 ) -> Row:
-    """Decode `prompts` with each engine once per round, the order rotated every round."""
+    """Each round: `batch` prompts of its own, decoded by each engine once, the order rotated
+    every round."""
     runs: dict[str, list[Run]] = {name: [] for name in MODES}
     for name in MODES:  # warm-up, untimed
-        decode(engines[name], prompts, min(8, output_tokens))
+        decode(engines[name], corpus_prompts(ids, batch, seed=-batch), min(8, output_tokens))
     for r in range(rounds):
+        prompts = corpus_prompts(ids, batch, seed=1000 * batch + r)
         for name in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
             runs[name].append(decode(engines[name], prompts, output_tokens))
     plain, spec, policy = runs["plain"], runs["spec"], runs["policy"]
@@ -211,9 +217,9 @@ def main() -> None:
         f"{'draft':>6} {'predicted':>9} {'measured':>8} {'cpu':>5} {'meas/pred':>9} "
         f"{'cpu/pred':>8} {'policy':>6}"
     )
+    ids = corpus_ids(tokenizer)
     for batch in batches:
-        prompts = corpus_prompts(tokenizer, batch, seed=batch)
-        row = measure(engines, prompts, args.output_tokens, args.rounds)
+        row = measure(engines, ids, batch, args.output_tokens, args.rounds)
         print(
             f"{batch:>5} {row.plain_tps:>11.1f} {row.spec_tps:>10.1f} {row.acceptance:>6.1%} "
             f"{row.length:>5.2f} {row.draft_cost:>6.2f} {row.predicted:>9.2f} "
