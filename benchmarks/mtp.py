@@ -1,7 +1,7 @@
 """MTP speculative decoding on a checkpoint with an MTP layer (the trained demo model), in one run.
 
     python -m benchmarks.mtp CHECKPOINT [--device cpu|cuda] [--dtype ...] [--batches 1,8,32]
-        [--spec-tokens 1] [--output-tokens 64] [--rounds 7] [--threads 1]
+        [--spec-tokens 1] [--output-tokens 64] [--rounds 11] [--threads 1]
 
 For each batch size and round: as many prompts (32-token windows of the Python standard library's
 source, which the demo model was trained on; new ones each round, since acceptance depends on the
@@ -185,7 +185,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--spec-tokens", type=int, default=1)
     parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: its default)")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
