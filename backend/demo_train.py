@@ -38,7 +38,7 @@ class TrainOptions:
     """`steps` optimizer steps of `batch_size` windows of `seq_len` tokens, drawn from the first
     `max_chars` characters of the standard library's ``.py`` files (sorted by path)."""
 
-    steps: int = 100
+    steps: int = 400
     batch_size: int = 8
     seq_len: int = 64
     lr: float = 5e-3

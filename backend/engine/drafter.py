@@ -28,6 +28,7 @@ from torch import Tensor
 
 from backend.engine.sampler import Sampler, SampleRow, draw
 from backend.model.cache import ForwardBatch, PagedLatentCache
+from backend.model.layers import linear_rows
 from backend.model.model import DeepseekV3ForCausalLM, MTPLayer
 
 
@@ -121,7 +122,7 @@ class Drafter:
         self, hidden: Tensor, targets: list[DraftTarget]
     ) -> tuple[list[int], list[Tensor | None]]:
         """hidden [N, D] MTP outputs -> one draft token per target, and q for sampled ones."""
-        logits = torch.mm(self.head, hidden.T).T.float()  # [N, U] draft vocabulary
+        logits = linear_rows(hidden, self.head).float()  # [N, U] draft vocabulary
         rows = [_without_penalties(t.sample_row) for t in targets]
         token_ids = logits.argmax(dim=-1)
         probs: list[Tensor | None] = [None] * len(targets)

@@ -2,28 +2,51 @@
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-class Linear(nn.Linear):
-    """nn.Linear whose single-row fp32 case runs as a matrix-vector product.
+@functools.cache
+def cpu_gemm_reads_once() -> bool:
+    """Whether this CPU's general matmul (MKL) multiplies a few fp32 rows by a weight as fast as
+    one row: true on Intel CPUs, where it reads the weight once for 2 to 4 rows (1.7 ms for 1 or
+    2 rows of a 8192 x 1024 weight, one thread) and beats ``torch.mv`` on small weights (5 vs 9
+    us on 160 x 64). Read once from /proc/cpuinfo; False where it is not readable."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False
+    return "GenuineIntel" in info
 
-    A decode step multiplies one token's row by every weight. On CPU ``torch.mv`` reads an fp32
-    weight at least as fast as the general matmul; for bf16 weights the matmul (oneDNN) reads
-    them up to 1.8x faster than ``torch.mv`` (measured on the project's AMD EPYC, one thread).
-    Two to four fp32 rows on CPU (a decode and its draft tokens) take weight @ x^T, which reads
-    the weight once, about as fast as one row, where the general matmul is up to twice as slow
-    (measured on a 129280 x 64 and an 8192 x 1024 weight; not so from 8 rows).
+
+def linear_rows(x: Tensor, weight: Tensor) -> Tensor:
+    """x [N, in] @ weight [out, in]^T -> [N, out], by the fastest CPU form for small N.
+
+    A decode step multiplies one token's row by every weight, a verifying step one to four rows
+    (a decode and its drafts). On Intel CPUs the general matmul is fastest for all of them. Else
+    (measured on an AMD EPYC, one thread) ``torch.mv`` reads an fp32 weight at least as fast as
+    the matmul for one row, and weight @ x^T reads it once for two to four rows, about as fast as
+    one, where the general matmul is up to twice as slow (not so from 8 rows). bf16 weights take
+    the matmul (oneDNN reads them up to 1.8x faster than ``torch.mv``).
     """
+    if x.dtype == torch.float32 and x.device.type == "cpu" and not cpu_gemm_reads_once():
+        if x.shape[0] == 1:
+            return torch.mv(weight, x[0])[None]
+        if x.shape[0] <= 4:
+            return torch.mm(weight, x.T).T
+    return F.linear(x, weight)
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose bias-free 2-D case takes ``linear_rows``."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dim() == 2 and self.bias is None and x.dtype == torch.float32:
-            if x.shape[0] == 1:
-                return torch.mv(self.weight, x[0])[None]
-            if x.shape[0] <= 4 and x.device.type == "cpu":
-                return torch.mm(self.weight, x.T).T
+        if x.dim() == 2 and self.bias is None:
+            return linear_rows(x, self.weight)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -3,12 +3,13 @@
 Per token the layer caches one latent row [c_kv (kv_lora_rank) | k_pe (qk_rope_head_dim)]:
 ``kv_a_layernorm`` is applied to c_kv and RoPE to k_pe before caching. A sequence that brings
 several new tokens (a prefill chunk, possibly after earlier context) attends in the expanded
-form: c_kv goes through ``kv_b_proj`` into per-head K_nope and V. Single-token decode attends in
-the weight-absorbed form: W_UK folds into the query and W_UV into the output, so attention is
-multi-query over the 576-wide latent with a 512-wide value. A short chunk over a long context
-also takes the absorbed form (``attention_absorbed_chunk``) when ``absorbed_is_cheaper`` says so:
-it skips expanding the whole context. All forms are pure functions of tensors so a GPU kernel
-can replace any of them.
+form: c_kv goes through ``kv_b_proj`` into per-head K_nope and V. Decode attends in the
+weight-absorbed form: W_UK folds into the query and W_UV into the output, so attention is
+multi-query over the 576-wide latent with a 512-wide value; a decode that verifies k drafts
+(1 + k new tokens) takes the same batched path, each new token one row seeing its own prefix.
+A longer chunk over a long context also takes the absorbed form (``attention_absorbed_chunk``)
+when ``absorbed_is_cheaper`` says so: it skips expanding the whole context. All forms are pure
+functions of tensors so a GPU kernel can replace any of them.
 """
 
 from __future__ import annotations
@@ -104,37 +105,6 @@ def attention_absorbed(
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     out_latent = torch.bmm(scores.softmax(dim=-1), latents[:, :, :kv_lora_rank])
     return torch.einsum("shr,hvr->shv", out_latent, w_uv.float()).to(out_dtype)
-
-
-def attention_absorbed_short(
-    q_nope: Tensor,
-    q_pe: Tensor,
-    latents: Tensor,
-    valid: Tensor,
-    w_uk: Tensor,
-    w_uv: Tensor,
-    scale: float,
-) -> Tensor:
-    """``attention_absorbed`` for a few new tokens per sequence (a decode plus its drafts).
-
-    q_nope [S, Q, H, nope], q_pe [S, Q, H, rope], latents [S, L, kv_lora_rank + rope], valid
-    [S, Q, L] bool (query q of sequence s sees the keys it may: causal, unpadded; every query
-    row needs at least one), w_uk [H, nope, kv_lora_rank], w_uv [H, v, kv_lora_rank].
-    Returns [S, Q, H, v] in the query's dtype, computed in fp32.
-    """
-    out_dtype = q_nope.dtype
-    num_seqs, num_q, num_heads, _ = q_nope.shape
-    latents = latents.float()
-    kv_lora_rank = w_uk.shape[-1]
-    q_latent = torch.einsum("sqhn,hnr->sqhr", q_nope.float(), w_uk.float())
-    query = torch.cat((q_latent, q_pe.float()), dim=-1).flatten(1, 2)  # [S, Q * H, latent_dim]
-    scores = torch.bmm(query, latents.transpose(1, 2)) * scale  # [S, Q * H, L]
-    scores = scores.view(num_seqs, num_q, num_heads, -1)
-    scores = scores.masked_fill(~valid[:, :, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1).flatten(1, 2)
-    out_latent = torch.bmm(probs, latents[:, :, :kv_lora_rank])  # [S, Q * H, kv_lora_rank]
-    out_latent = out_latent.view(num_seqs, num_q, num_heads, kv_lora_rank)
-    return torch.einsum("sqhr,hvr->sqhv", out_latent, w_uv.float()).to(out_dtype)
 
 
 def attention_absorbed_chunk(
@@ -272,20 +242,18 @@ class MLA(nn.Module):
     ) -> Tensor:
         """[T, H, v]: sequences with a few new tokens (decodes, decodes with drafts) together in
         the absorbed form, longer chunks one by one."""
-        if batch.is_decode:
-            return self._attend_decode(
-                q_nope, q_pe, batch, cache, cache_layer, range(batch.num_seqs)
-            )
+        short = [s for s, q_len in enumerate(batch.seq_lens_q) if q_len <= MAX_SHORT_QUERY]
+        if len(short) == batch.num_seqs:
+            return self._attend_decode(q_nope, q_pe, batch, cache, cache_layer, short)
         out = q_nope.new_empty(q_nope.shape[0], self.num_heads, self.v_head_dim)
         starts = batch.query_starts()
-        short = [s for s, q_len in enumerate(batch.seq_lens_q) if q_len <= MAX_SHORT_QUERY]
-        if short and all(batch.seq_lens_q[s] == 1 for s in short):
-            rows = torch.tensor([starts[s] for s in short], device=q_nope.device)
+        if short:
+            rows = torch.tensor(
+                [r for s in short for r in range(starts[s], starts[s + 1])], device=q_nope.device
+            )
             out[rows] = self._attend_decode(
                 q_nope[rows], q_pe[rows], batch, cache, cache_layer, short
             )
-        elif short:
-            self._attend_short(out, q_nope, q_pe, batch, cache, cache_layer, short)
         for seq, q_len in enumerate(batch.seq_lens_q):
             if q_len <= MAX_SHORT_QUERY:
                 continue
@@ -318,46 +286,6 @@ class MLA(nn.Module):
             self.scale,
         )
 
-    def _attend_short(
-        self,
-        out: Tensor,
-        q_nope: Tensor,
-        q_pe: Tensor,
-        batch: ForwardBatch,
-        cache: PagedLatentCache,
-        cache_layer: int,
-        seqs: list[int],
-    ) -> None:
-        """Fill ``out``'s rows of ``seqs`` (each at most MAX_SHORT_QUERY new tokens) at once."""
-        device = q_nope.device
-        starts = batch.query_starts()
-        q_lens = [batch.seq_lens_q[s] for s in seqs]
-        lengths = [batch.context_lens[s] for s in seqs]
-        num_q = max(q_lens)
-        # [S, Q] flat rows of each sequence's queries, padded with its first row
-        index = [
-            [starts[s] + min(q, q_len - 1) for q in range(num_q)]
-            for s, q_len in zip(seqs, q_lens, strict=True)
-        ]
-        rows = torch.tensor(index, dtype=torch.long, device=device)
-        latents, _ = cache.gather_batch(cache_layer, [batch.block_tables[s] for s in seqs], lengths)
-        keys = torch.arange(latents.shape[1], device=device)
-        # query q of a sequence with Q_s new tokens over L_s cached sits at L_s - Q_s + q
-        last = torch.tensor(
-            [
-                [length - q_len + min(q, q_len - 1) for q in range(num_q)]
-                for length, q_len in zip(lengths, q_lens, strict=True)
-            ],
-            device=device,
-        )
-        valid = keys[None, None, :] <= last[:, :, None]  # [S, Q, L]
-        w_uk, w_uv = self.absorbed_weights()
-        result = attention_absorbed_short(
-            q_nope[rows], q_pe[rows], latents.to(q_nope.dtype), valid, w_uk, w_uv, self.scale
-        )
-        keep = torch.tensor([[q < q_len for q in range(num_q)] for q_len in q_lens], device=device)
-        out[rows[keep]] = result[keep]
-
     def _attend_decode(
         self,
         q_nope: Tensor,
@@ -365,21 +293,26 @@ class MLA(nn.Module):
         batch: ForwardBatch,
         cache: PagedLatentCache,
         cache_layer: int,
-        seqs: range | list[int],
+        seqs: list[int],
     ) -> Tensor:
+        """[N, H, v] for the new tokens of ``seqs`` (N in flat order, at most MAX_SHORT_QUERY
+        each). On CPU every new token is one row of the batched decode attention: the token at
+        position p of a sequence reads that sequence's cache up to p (its drafts' latents after
+        it are in the cache already, and masked out)."""
+        tables = [batch.block_tables[s] for s in seqs]
+        q_lens = [batch.seq_lens_q[s] for s in seqs]
+        lengths = [batch.context_lens[s] for s in seqs]
+        w_uk, w_uv = self.absorbed_weights()
         if support.use_kernels(q_nope):
-            w_uk, w_uv = self.absorbed_weights()
             return paged_absorbed_attention(
-                q_nope, q_pe, cache.kv[cache_layer], [batch.block_tables[s] for s in seqs],
-                [1] * len(seqs), [batch.context_lens[s] for s in seqs],
+                q_nope, q_pe, cache.kv[cache_layer], tables, q_lens, lengths,
                 w_uk, w_uv, self.scale, cache.block_size,
             )  # fmt: skip
-        latents, valid = cache.gather_batch(
-            cache_layer,
-            [batch.block_tables[s] for s in seqs],
-            [batch.context_lens[s] for s in seqs],
-        )
-        w_uk, w_uv = self.absorbed_weights()
+        if max(q_lens) > 1:
+            rows = list(zip(tables, q_lens, lengths, strict=True))
+            tables = [table for table, q_len, _ in rows for _ in range(q_len)]
+            lengths = [end - q_len + 1 + j for _, q_len, end in rows for j in range(q_len)]
+        latents, valid = cache.gather_batch(cache_layer, tables, lengths)
         return attention_absorbed(
             q_nope, q_pe, latents.to(q_nope.dtype), valid, w_uk, w_uv, self.scale
         )
