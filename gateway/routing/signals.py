@@ -19,6 +19,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from gateway.routing.phrases import PhraseIndex
 from providers.types import ChatRequest
 
 SIGNALS = (
@@ -39,41 +40,19 @@ SIGNALS = (
 
 
 _WORD = re.compile(r"[a-z][a-z'-]*")
-_LATIN = re.compile(r"[a-z]")
 
 
 class Markers:
     """One kind of marker: whole English words (matched against the text's word set), and
-    phrases, stems and CJK terms (matched as substrings of the lower-cased text). Set and
-    substring tests run in C, which keeps a decision in microseconds (one regex alternation
-    with a hundred branches costs hundreds of microseconds on a long turn). A phrase with a
-    Latin letter cannot occur in a text without one, nor a non-ASCII phrase in an ASCII text,
-    so the phrases are kept by the scripts they need (`script`) and only those a text's
-    scripts allow are tested."""
+    phrases, stems and CJK terms (matched as substrings of the lower-cased text, every kind's
+    in one search: phrases.py). Set tests and that search run in C, which keeps a decision in
+    microseconds whatever the number of phrases."""
 
-    __slots__ = ("by_script", "words")
+    __slots__ = ("phrases", "words")
 
     def __init__(self, words: str, phrases: tuple[str, ...]) -> None:
         self.words = frozenset(words.split())
-        needs = [(_LATIN.search(p) is not None, not p.isascii()) for p in phrases]
-        self.by_script = tuple(
-            tuple(p for p, (latin, other) in zip(phrases, needs, strict=True)
-                  if (has_latin or not latin) and (has_other or not other))
-            for has_latin in (False, True)
-            for has_other in (False, True)
-        )  # fmt: skip
-
-    def found(self, lower: str, words: set[str], script: int) -> bool:
-        """`words`: the text's words (`_WORD`); `script`: `script(lower, words)`."""
-        if not self.words.isdisjoint(words):
-            return True
-        return any(map(lower.__contains__, self.by_script[script]))
-
-
-def script(lower: str, words: set[str]) -> int:
-    """Which phrases may occur in `lower`: 2 if it has a Latin letter (then it has a word),
-    plus 1 if it has a non-ASCII character (the index into `Markers.by_script`)."""
-    return (2 if words else 0) + (0 if lower.isascii() else 1)
+        self.phrases = phrases
 
 
 _MATHS = Markers(
@@ -140,6 +119,8 @@ _CONSTRAINTS = re.compile(
     r"[<>≤≥]=?\s*\d|10\^\d|such that|subject to|at most|at least|满足|至多|至少|不超过"
 )
 _KINDS = (_MATHS, _PROOF, _ALGORITHM, _DEBUGGING, _DESIGN)
+_MARKERS = (*_KINDS, _STACK_TRACE, _REASONING_ASK, _EASY)  # in the order of their signals
+_PHRASES = PhraseIndex(m.phrases for m in _MARKERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,11 +154,12 @@ def signals_of(text: str, turns: int = 1) -> Signals:
     """The signals of one user turn's text, `turns` user turns into its conversation."""
     lower = text.lower()
     words = set(_WORD.findall(lower))
-    at = script(lower, words)
-    kinds = [1.0 if m.found(lower, words, at) else 0.0 for m in _KINDS]
+    phrased = _PHRASES.kinds_in(lower, bool(words))  # a word: a letter a-z
+    maths, proof, algorithm, debugging, design, trace, ask, easy = (
+        1.0 if i in phrased or not m.words.isdisjoint(words) else 0.0
+        for i, m in enumerate(_MARKERS)
+    )
     code = 1.0 if "```" in text else 0.0
-    trace = 1.0 if _STACK_TRACE.found(lower, words, at) else 0.0
-    ask = 1.0 if _REASONING_ASK.found(lower, words, at) else 0.0
     constraints = min(len(_CONSTRAINTS.findall(lower)), 3) / 3
     num_bytes = len(text) if text.isascii() else len(text.encode("utf-8"))
     multibyte = (num_bytes - len(text)) / 2  # about one per CJK character (3 bytes each)
@@ -185,6 +167,7 @@ def signals_of(text: str, turns: int = 1) -> Signals:
     effective = len(text) + 2 * multibyte  # a CJK character weighs like 3 Latin ones
     length = min(math.log2(1 + effective / 40) / 6, 1.0)
     depth = min(max(turns - 1, 0), 5) / 5
-    greeting = lower.lstrip().startswith(_GREETINGS)
-    easy = 1.0 if greeting or _EASY.found(lower, words, at) else 0.0
+    if lower.lstrip().startswith(_GREETINGS):
+        easy = 1.0
+    kinds = (maths, proof, algorithm, debugging, design)
     return Signals((*kinds, code, trace, ask, constraints, length, depth, easy, min(cjk, 1.0)))
