@@ -115,8 +115,10 @@ _EASY = Markers(
 )  # fmt: skip
 _GREETINGS = ("hi", "hello", "hey", "thanks", "thank you", "good morning", "good night",
               "cheers", "你好", "您好", "谢谢", "早上好", "晚安", "嗨", "辛苦")  # fmt: skip
+# every branch starts with a literal, so the search skips the positions where none can start
 _CONSTRAINTS = re.compile(
-    r"[<>≤≥]=?\s*\d|10\^\d|such that|subject to|at most|at least|满足|至多|至少|不超过"
+    r"<=?\s*\d|>=?\s*\d|≤=?\s*\d|≥=?\s*\d|10\^\d|such that|subject to|at most|at least"
+    r"|满足|至多|至少|不超过"
 )
 _KINDS = (_MATHS, _PROOF, _ALGORITHM, _DEBUGGING, _DESIGN)
 _MARKERS = (*_KINDS, _STACK_TRACE, _REASONING_ASK, _EASY)  # in the order of their signals
