@@ -9,8 +9,9 @@ prompt, repeated:
     route, each prompt the last turn of a conversation of `--prompt-tokens` prepared tokens
     whose every reusable block the local engine caches, its queue over `local_max_queue`: the
     judge, the conversation's hash, the background stickiness write (its task; the Redis round
-    trip itself is not on the request's path), the engine's load and the prefix lookup through
-    `LocalProvider.fit` against a real `BlockManager` (no model), and the kept=prefix choice.
+    trip itself is not on the request's path), the engine's load and the prefix lookup by
+    `LocalProvider.fit`, through a real `AsyncEngine` and `BlockManager` (no model, the engine's
+    thread not started), and the kept=prefix choice.
 Also the cost of hashing that prompt's blocks, paid once while it is prepared, off the loop.
 `--fit` first fits the scorer's weights by logistic regression on the tuning half and prints them
 as a `[routing.scorer]` block for settings.toml.
@@ -36,7 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from backend.engine.async_engine import AsyncEngine  # noqa: E402
 from backend.engine.blocks import BlockManager  # noqa: E402
+from backend.engine.engine_config import EngineConfig  # noqa: E402
 from backend.engine.interface import EngineStats  # noqa: E402
 from backend.engine.request import Request  # noqa: E402
 from backend.engine.sampling_params import SamplingParams  # noqa: E402
@@ -126,26 +129,24 @@ def cost_us(judge: Judge, items: list[Item], repeat: int) -> Samples:
     return samples
 
 
-class CachingEngine:
-    """What `LocalProvider.fit` and `load` read of an engine: a real block manager holding the
-    blocks of `ids` (computed, then freed: cached as after an earlier turn), and stats saying
-    `waiting` requests wait with every slot taken."""
+class CachedEngine:
+    """What `AsyncEngine` (the engine a local provider serves from, whose `stats` and
+    `cached_prefix_blocks` the router calls) reads of an `LLMEngine`, without a model: a real
+    block manager holding the blocks of `ids` (computed, then freed: cached as after an earlier
+    turn), and stats saying `waiting` requests wait with every slot taken."""
 
     def __init__(self, ids: list[int], block_size: int, waiting: int) -> None:
-        self.block_size = block_size
+        self.config = EngineConfig(block_size=block_size)
         self.hash_seed = b"benchmark-checkpoint"
         self.max_model_len = 2 * len(ids)
-        self._blocks = BlockManager(2 * len(ids) // block_size, block_size, self.hash_seed)
+        self.block_manager = BlockManager(2 * len(ids) // block_size, block_size, self.hash_seed)
         earlier = Request("earlier", ids, SamplingParams())
-        self._blocks.allocate(earlier)
+        self.block_manager.allocate(earlier)
         earlier.num_computed_tokens = len(ids) - 1
-        self._blocks.cache_full_blocks(earlier)
-        self._blocks.free(earlier)
+        self.block_manager.cache_full_blocks(earlier)
+        self.block_manager.free(earlier)
         required = {f.name: 0 for f in fields(EngineStats) if f.default is MISSING}
         self._stats = EngineStats(**{**required, "num_waiting": waiting, "num_running": 32})
-
-    def cached_prefix_blocks(self, hashes: list[bytes]) -> int:
-        return self._blocks.cached_prefix_blocks(hashes)
 
     def stats(self) -> EngineStats:
         return self._stats
@@ -180,7 +181,8 @@ async def seam_cost_us(
     microseconds, and the cached tokens the decisions saw."""
     rng = random.Random(0)
     ids = [rng.randrange(2, 120_000) for _ in range(num_tokens)]
-    engine = CachingEngine(ids, block_size, waiting=routing.local_max_queue + 1)
+    stub = CachedEngine(ids, block_size, waiting=routing.local_max_queue + 1)
+    engine = AsyncEngine(stub)  # type: ignore[arg-type]
     local = LocalProvider("local", engine, None, "m", slots=32)  # type: ignore[arg-type]
     started = time.perf_counter_ns()
     for _ in range(20):

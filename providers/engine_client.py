@@ -40,6 +40,11 @@ class ServedEngine(EngineClient, Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def queue_counts(self) -> tuple[int, int]:
+        """(waiting, running) as `stats()` counts them, without building a snapshot: the
+        router asks it per request."""
+        ...
+
     def cached_prefix_blocks(self, hashes: Sequence[bytes]) -> int:
         """How many leading blocks of the chain `hashes` its prefix cache holds now."""
         ...

@@ -105,10 +105,10 @@ class LocalProvider:
         return await asyncio.to_thread(self._encode, request)
 
     def load(self) -> ProviderLoad:
-        stats = self._engine.stats()
+        waiting, running = self._engine.queue_counts()
         return ProviderLoad(
-            waiting=stats.num_waiting,
-            running=stats.num_running,
+            waiting=waiting,
+            running=running,
             slots=self.slots,
             max_context=self._engine.max_model_len,
         )

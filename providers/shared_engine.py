@@ -147,6 +147,10 @@ class SharedEngine:
         since = self._sent - self._sent_before_info
         return replace(stats, num_waiting=stats.num_waiting + since) if since else stats
 
+    def queue_counts(self) -> tuple[int, int]:
+        stats = self._info.stats
+        return stats.num_waiting + self._sent - self._sent_before_info, stats.num_running
+
     def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
     ) -> AsyncGenerator[RequestOutput, None]:

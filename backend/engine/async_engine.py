@@ -187,6 +187,13 @@ class AsyncEngine:
         with self._cond:
             return replace(self._stats, num_waiting=self._stats.num_waiting + self._num_queued)
 
+    def queue_counts(self) -> tuple[int, int]:
+        """(num_waiting, num_running) of `stats()`, without copying the snapshot (per request,
+        for routing)."""
+        with self._cond:
+            stats = self._stats
+            return stats.num_waiting + self._num_queued, stats.num_running
+
     async def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
     ) -> AsyncGenerator[RequestOutput, None]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from gateway.routing.rules import compile_rules
 from gateway.routing.scorer import Scorer
-from gateway.routing.signals import extract
+from gateway.routing.signals import scanned_text, signals_of, user_turns
 from gateway.routing_settings import RoutingSettings
 from providers.types import ChatRequest
 
@@ -34,9 +34,9 @@ class Judge:
         prompt_tokens: int,
         conversation_mode: bool | None = None,
     ) -> Verdict:
-        scan = self.scorer.scan_chars
+        text = scanned_text(request, self.scorer.scan_chars)
         for rule in self.rules:
-            if not rule.matches(request, protocol, prompt_tokens, scan):
+            if not rule.matches(request, protocol, prompt_tokens, text):
                 continue
             if rule.thinking == "keep":
                 if conversation_mode is None:
@@ -45,5 +45,5 @@ class Judge:
             return Verdict(rule.thinking == "on", rule.reason)
         if conversation_mode is not None:
             return Verdict(conversation_mode, "sticky")
-        score = self.scorer.score(extract(request, scan))
+        score = self.scorer.score(signals_of(text, user_turns(request)))
         return Verdict(self.scorer.thinks(score), "score", score)

@@ -70,20 +70,21 @@ class LocalFirst:
     def order(
         self, routes: tuple[Route, ...], prompt_tokens: int, prepared: PreparedPrompt | None
     ) -> Order:
-        first = routes[0]
-        engine = self._engines.get(first.provider_name)
-        upstream = tuple(r for r in routes if r.provider_name not in self._local)
-        if engine is None or not upstream:
+        name = routes[0].provider.name
+        engine = self._engines.get(name)
+        local = self._local
+        if engine is None or all(r.provider.name in local for r in routes):
             return Order(routes)
-        overflow = upstream + tuple(r for r in routes if r.provider_name in self._local)
         load = engine.load()
         if load is None:
             return Order(routes)
         if prompt_tokens >= load.max_context:
-            return Order(overflow, "context")
+            return Order(self._overflow(routes), "context")
         queue = load.queue_after()
-        if prepared is None or prepared.owner != first.provider_name:
-            return Order(routes, "local") if queue <= self._max_queue else Order(overflow, "queue")
+        if prepared is None or prepared.owner != name:
+            if queue <= self._max_queue:
+                return Order(routes, "local")
+            return Order(self._overflow(routes), "queue")
         fit = engine.fit(prepared)
         queue = fit.queue_after(queue)
         cached = fit.cached_tokens
@@ -92,4 +93,10 @@ class LocalFirst:
         excess = queue - self._max_queue
         if queue <= self._prefix.max_queue and cached >= self._prefix.wait_cost_tokens * excess:
             return Order(routes, "prefix", cached)
-        return Order(overflow, "queue", cached)
+        return Order(self._overflow(routes), "queue", cached)
+
+    def _overflow(self, routes: tuple[Route, ...]) -> tuple[Route, ...]:
+        """The upstream routes first, the local ones after them (each in its order)."""
+        local = self._local
+        upstream = [r for r in routes if r.provider.name not in local]
+        return (*upstream, *(r for r in routes if r.provider.name in local))

@@ -11,7 +11,6 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.routing.signals import last_user_text
 from gateway.routing_settings import RuleSettings
 from providers.types import ChatRequest
 
@@ -45,9 +44,9 @@ class Rule:
     def reason(self) -> str:
         return f"rule:{self.name}@{self.version}"
 
-    def matches(
-        self, request: ChatRequest, protocol: str, prompt_tokens: int, scan_chars: int
-    ) -> bool:
+    def matches(self, request: ChatRequest, protocol: str, prompt_tokens: int, text: str) -> bool:
+        """`text`: what the pattern is searched in, the scanned head of the last user turn
+        (`signals.scanned_text`)."""
         if self.protocols and protocol not in self.protocols:
             return False
         if self.has_tools is not None and bool(request.tools) != self.has_tools:
@@ -58,9 +57,7 @@ class Rule:
                 return False
         if self.min_prompt_tokens is not None and prompt_tokens < self.min_prompt_tokens:
             return False
-        return self.pattern is None or bool(
-            self.pattern.search(last_user_text(request)[:scan_chars])
-        )
+        return self.pattern is None or self.pattern.search(text) is not None
 
 
 def compile_rules(settings: tuple[RuleSettings, ...]) -> tuple[Rule, ...]:

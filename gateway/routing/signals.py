@@ -19,6 +19,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from gateway.routing.phrases import PhraseIndex
 from providers.types import ChatRequest
 
 SIGNALS = (
@@ -38,22 +39,20 @@ SIGNALS = (
 )
 
 
+_WORD = re.compile(r"[a-z][a-z'-]*")
+
+
 class Markers:
     """One kind of marker: whole English words (matched against the text's word set), and
-    phrases, stems and CJK terms (matched as substrings of the lower-cased text). Set and
-    substring tests run in C, which keeps a decision in microseconds (one regex alternation
-    with a hundred branches costs hundreds of microseconds on a long turn)."""
+    phrases, stems and CJK terms (matched as substrings of the lower-cased text, every kind's
+    in one search: phrases.py). Set tests and that search run in C, which keeps a decision in
+    microseconds whatever the number of phrases."""
 
     __slots__ = ("phrases", "words")
 
     def __init__(self, words: str, phrases: tuple[str, ...]) -> None:
         self.words = frozenset(words.split())
         self.phrases = phrases
-
-    def found(self, lower: str, words: set[str]) -> bool:
-        if not self.words.isdisjoint(words):
-            return True
-        return any(phrase in lower for phrase in self.phrases)
 
 
 _MATHS = Markers(
@@ -116,11 +115,14 @@ _EASY = Markers(
 )  # fmt: skip
 _GREETINGS = ("hi", "hello", "hey", "thanks", "thank you", "good morning", "good night",
               "cheers", "你好", "您好", "谢谢", "早上好", "晚安", "嗨", "辛苦")  # fmt: skip
+# every branch starts with a literal, so the search skips the positions where none can start
 _CONSTRAINTS = re.compile(
-    r"[<>≤≥]=?\s*\d|10\^\d|such that|subject to|at most|at least|满足|至多|至少|不超过"
+    r"<=?\s*\d|>=?\s*\d|≤=?\s*\d|≥=?\s*\d|10\^\d|such that|subject to|at most|at least"
+    r"|满足|至多|至少|不超过"
 )
-_WORD = re.compile(r"[a-z][a-z'-]*")
 _KINDS = (_MATHS, _PROOF, _ALGORITHM, _DEBUGGING, _DESIGN)
+_MARKERS = (*_KINDS, _STACK_TRACE, _REASONING_ASK, _EASY)  # in the order of their signals
+_PHRASES = PhraseIndex(m.phrases for m in _MARKERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,26 +147,29 @@ def user_turns(request: ChatRequest) -> int:
     return sum(1 for m in request.messages if m.role == "user")
 
 
-def extract(request: ChatRequest, scan_chars: int) -> Signals:
-    text = last_user_text(request)[:scan_chars]
-    return signals_of(text, user_turns(request))
+def scanned_text(request: ChatRequest, scan_chars: int) -> str:
+    """What rules and signals read: the first `scan_chars` characters of the last user turn."""
+    return last_user_text(request)[:scan_chars]
 
 
 def signals_of(text: str, turns: int = 1) -> Signals:
     """The signals of one user turn's text, `turns` user turns into its conversation."""
     lower = text.lower()
     words = set(_WORD.findall(lower))
-    kinds = [1.0 if m.found(lower, words) else 0.0 for m in _KINDS]
+    phrased = _PHRASES.kinds_in(lower, bool(words))  # a word: a letter a-z
+    maths, proof, algorithm, debugging, design, trace, ask, easy = (
+        1.0 if i in phrased or not m.words.isdisjoint(words) else 0.0
+        for i, m in enumerate(_MARKERS)
+    )
     code = 1.0 if "```" in text else 0.0
-    trace = 1.0 if _STACK_TRACE.found(lower, words) else 0.0
-    ask = 1.0 if _REASONING_ASK.found(lower, words) else 0.0
     constraints = min(len(_CONSTRAINTS.findall(lower)), 3) / 3
-    num_bytes = len(text.encode("utf-8"))
+    num_bytes = len(text) if text.isascii() else len(text.encode("utf-8"))
     multibyte = (num_bytes - len(text)) / 2  # about one per CJK character (3 bytes each)
     cjk = multibyte / len(text) if text else 0.0
     effective = len(text) + 2 * multibyte  # a CJK character weighs like 3 Latin ones
     length = min(math.log2(1 + effective / 40) / 6, 1.0)
     depth = min(max(turns - 1, 0), 5) / 5
-    greeting = lower.lstrip().startswith(_GREETINGS)
-    easy = 1.0 if greeting or _EASY.found(lower, words) else 0.0
+    if lower.lstrip().startswith(_GREETINGS):
+        easy = 1.0
+    kinds = (maths, proof, algorithm, debugging, design)
     return Signals((*kinds, code, trace, ask, constraints, length, depth, easy, min(cjk, 1.0)))

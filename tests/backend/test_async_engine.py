@@ -134,6 +134,23 @@ async def test_overload_refuses_at_once_while_admitted_requests_complete(
     assert all(len(tokens_of(outputs)) == 20 for outputs in served)
 
 
+async def test_queue_counts_are_what_stats_counts(start_engine: Any) -> None:
+    engine = start_engine(engine_config(max_num_seqs=1))
+    params = replace(GREEDY, max_tokens=30)
+    prompts = random_prompts(3, 5, 10, seed=5)
+    tasks = [asyncio.ensure_future(_collect(engine, r, p, params)) for r, p in prompts.items()]
+    seen = set()
+    while not all(t.done() for t in tasks):
+        counts, stats = engine.queue_counts(), engine.stats()
+        if counts == (stats.num_waiting, stats.num_running):  # no step ran in between
+            seen.add(counts)
+        await asyncio.sleep(0.001)
+    await asyncio.gather(*tasks)
+    assert (2, 1) in seen  # one running of max_num_seqs 1, two waiting
+    assert all(running <= 1 for _, running in seen)
+    assert engine.queue_counts() == (0, 0)
+
+
 async def test_finish_ends_a_request_with_the_given_reason(start_engine: Any) -> None:
     engine = start_engine()
     stream = engine.generate("f", [5, 6, 7, 8], replace(GREEDY, max_tokens=100))
