@@ -6,29 +6,37 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from backend.native import ops
+
 
 class Linear(nn.Linear):
-    """nn.Linear whose single-row fp32 case runs as a matrix-vector product.
+    """nn.Linear whose few-row CPU case (a decode step and its draft tokens) runs as a
+    matrix-vector product.
 
-    A decode step multiplies one token's row by every weight. On CPU ``torch.mv`` reads an fp32
-    weight at least as fast as the general matmul; for bf16 weights the matmul (oneDNN) reads
-    them up to 1.8x faster than ``torch.mv`` (measured on the project's AMD EPYC, one thread).
-    Two to four fp32 rows on CPU (a decode and its draft tokens) take weight @ x^T, which reads
-    the weight once, about as fast as one row, where the general matmul is up to twice as slow
-    (measured on a 129280 x 64 and an 8192 x 1024 weight; not so from 8 rows).
+    A decode step multiplies one token's row by every weight. On CPU the C kernel
+    (``backend.native``, fp32 or bf16, one to four rows) reads the weight once at close to memory
+    bandwidth and costs a few microseconds a call, where oneDNN's bf16 matmul costs about 30 us
+    on small weights. Without the kernel: ``torch.mv`` for one fp32 row, weight @ x^T for two to
+    four (it reads the weight once, where the general matmul is up to twice as slow), and the
+    general matmul otherwise.
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dim() == 2 and self.bias is None and x.dtype == torch.float32:
-            if x.shape[0] == 1:
-                return torch.mv(self.weight, x[0])[None]
-            if x.shape[0] <= 4 and x.device.type == "cpu":
-                return torch.mm(self.weight, x.T).T
+        if self.bias is None and x.dim() == 2 and x.shape[0] <= ops.MAX_ROWS:
+            out = ops.gemv(x, self.weight)
+            if out is not None:
+                return out
+            if x.dtype == torch.float32:
+                if x.shape[0] == 1:
+                    return torch.mv(self.weight, x[0])[None]
+                if x.device.type == "cpu":
+                    return torch.mm(self.weight, x.T).T
         return F.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in fp32 and returned in the input dtype."""
+    """x / rms(x) * weight, computed in fp32 and returned in the input dtype (a few rows on CPU
+    go through the C kernel, the same arithmetic)."""
 
     def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
@@ -36,6 +44,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 2 and x.shape[0] <= ops.MAX_ROWS:
+            out = ops.rms_norm(x, self.weight, self.eps)
+            if out is not None:
+                return out
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
