@@ -151,3 +151,22 @@ def test_no_compiler_falls_back_to_torch(tmp_path: Path, monkeypatch: pytest.Mon
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight))
     finally:
         build.library.cache_clear()
+
+
+def test_large_weights_go_to_threaded_torch(lib: CDLL) -> None:
+    """With several torch threads a large weight is left to torch's matmul; with one, the
+    kernel takes it."""
+    columns = 256
+    weight = torch.randn(ops.LARGE_WEIGHT_BYTES // (4 * columns), columns)
+    x = torch.randn(1, columns)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert ops.gemv(x, weight, lib) is None
+        assert ops.gemv(x, weight[:8].contiguous(), lib) is not None
+        torch.set_num_threads(1)
+        out = ops.gemv(x, weight, lib)
+        assert out is not None
+        _close(out, x.double() @ weight.double().T, torch.float32)
+    finally:
+        torch.set_num_threads(threads)
