@@ -24,6 +24,7 @@ from backend.model.config import ModelConfig
 from backend.model.fp8_linear import dense_weight
 from backend.model.layers import Linear, RMSNorm
 from backend.model.rope import apply_rotary
+from backend.native import ops
 
 
 def chunk_mask(num_q: int, length: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
@@ -367,6 +368,15 @@ class MLA(nn.Module):
         cache_layer: int,
         seqs: range | list[int],
     ) -> Tensor:
+        if len(seqs) == 1 and not support.use_kernels(q_nope):  # one sequence: the C kernel
+            seq = seqs[0]
+            out = ops.mla_decode(
+                q_nope, q_pe, cache.kv[cache_layer], batch.block_tables[seq],
+                batch.context_lens[seq], cache.block_size, dense_weight(self.kv_b_proj),
+                self.v_head_dim, self.scale,
+            )  # fmt: skip
+            if out is not None:
+                return out
         if support.use_kernels(q_nope):
             w_uk, w_uv = self.absorbed_weights()
             return paged_absorbed_attention(

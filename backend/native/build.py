@@ -21,7 +21,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemv.c", "fused.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemv.c", "fused.c", "mla.c"))
 HEADERS = (Path(__file__).with_name("dot.h"),)
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -48,6 +48,8 @@ SIGNATURES: dict[str, list[type]] = {
         _PTR,
     ],
     "moe_f32": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR],
+    "mla_decode_bf16": [_PTR, _PTR, _PTR, _PTR, *[_I64] * 2, _PTR, *[_I64] * 5, _F32, _PTR],
+    "mla_decode_f32": [_PTR, _PTR, _PTR, _PTR, *[_I64] * 2, _PTR, *[_I64] * 5, _F32, _PTR],
 }
 
 

@@ -137,3 +137,59 @@ def moe(
     if status != 0:
         raise MemoryError("native MoE kernel could not allocate its scratch buffers")
     return out
+
+
+def mla_decode(
+    q_nope: Tensor,
+    q_pe: Tensor,
+    kv: Tensor,
+    block_table: list[int],
+    length: int,
+    block_size: int,
+    kv_b_weight: Tensor,
+    v_head_dim: int,
+    scale: float,
+    lib: CDLL | None = None,
+) -> Tensor | None:
+    """One sequence's decode token through weight-absorbed attention, computed in fp32.
+
+    q_nope [1, H, nope], q_pe [1, H, rope] (rotated); kv: the cache layer [slots, r + rope];
+    ``block_table`` covers ``length`` cached tokens (the new one included); kv_b_weight
+    [H * (nope + v), r]. Returns [1, H, v] in the query's dtype.
+    """
+    dtype = q_nope.dtype
+    _, heads, nope = q_nope.shape if q_nope.dim() == 3 else (0, 0, 0)
+    rope = q_pe.shape[-1]
+    rank = kv_b_weight.shape[-1]
+    if not (
+        dtype in _DTYPES
+        and q_nope.shape[0] == 1
+        and q_pe.shape == (1, heads, rope)
+        and q_pe.dtype == kv.dtype == kv_b_weight.dtype == dtype
+        and q_nope.is_cpu
+        and kv.is_cpu
+        and kv.dim() == 2
+        and kv.shape[1] == rank + rope
+        and kv_b_weight.shape == (heads * (nope + v_head_dim), rank)
+        and kv.is_contiguous()
+        and kv_b_weight.is_contiguous()
+        and 0 < length <= len(block_table) * block_size
+    ):
+        return None
+    lib = lib or library()
+    if lib is None:
+        return None
+    blocks = block_table[: -(-length // block_size)]
+    if min(blocks) < 0 or (max(blocks) + 1) * block_size > kv.shape[0]:
+        raise ValueError("block table points outside the cache")
+    table = torch.tensor(blocks, dtype=torch.int64)
+    q_nope, q_pe = q_nope.contiguous(), q_pe.contiguous()
+    out = torch.empty(1, heads, v_head_dim, dtype=dtype)
+    kernel = lib.mla_decode_bf16 if dtype == torch.bfloat16 else lib.mla_decode_f32
+    status = kernel(
+        q_nope.data_ptr(), q_pe.data_ptr(), kv.data_ptr(), table.data_ptr(), length, block_size,
+        kv_b_weight.data_ptr(), heads, nope, rope, v_head_dim, rank, scale, out.data_ptr(),
+    )  # fmt: skip
+    if status != 0:
+        raise MemoryError("native MLA decode kernel could not allocate its scratch buffer")
+    return out

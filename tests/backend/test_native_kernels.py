@@ -14,6 +14,7 @@ from backend.generate import new_cache
 from backend.model.cache import ForwardBatch
 from backend.model.checkpoint import load_model
 from backend.model.layers import Linear
+from backend.model.mla import attention_absorbed
 from backend.model.model import DeepseekV3ForCausalLM
 from backend.native import build, ops
 
@@ -170,3 +171,32 @@ def test_large_weights_go_to_threaded_torch(lib: CDLL) -> None:
         _close(out, x.double() @ weight.double().T, torch.float32)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("length", [1, 37])
+def test_mla_decode_matches_absorbed_attention(lib: CDLL, dtype: torch.dtype, length: int) -> None:
+    generator = torch.Generator().manual_seed(length)
+    heads, nope, rope, v_dim, rank, block = 3, 16, 8, 12, 40, 8
+    kv = torch.randn(6 * block, rank + rope, generator=generator).to(dtype)
+    kv_b = (torch.randn(heads * (nope + v_dim), rank, generator=generator) / 6).to(dtype)
+    q_nope = torch.randn(1, heads, nope, generator=generator).to(dtype)
+    q_pe = torch.randn(1, heads, rope, generator=generator).to(dtype)
+    table = [4, 1, 5, 0, 2]  # blocks out of order; 37 tokens need all five
+    out = ops.mla_decode(q_nope, q_pe, kv, table, length, block, kv_b, v_dim, 0.3, lib)
+    assert out is not None and out.shape == (1, heads, v_dim)
+    slots = [table[pos // block] * block + pos % block for pos in range(length)]
+    latents = kv[slots][None]
+    per_head = kv_b.view(heads, nope + v_dim, rank)
+    expected = attention_absorbed(
+        q_nope.double(), q_pe.double(), latents.double(), torch.ones(1, length, dtype=torch.bool),
+        per_head[:, :nope].double(), per_head[:, nope:].double(), 0.3,
+    )  # fmt: skip
+    _close(out, expected, dtype)
+
+
+def test_mla_decode_rejects_a_table_outside_the_cache(lib: CDLL) -> None:
+    kv, kv_b = torch.randn(16, 12), torch.randn(2 * 10, 8)
+    q_nope, q_pe = torch.randn(1, 2, 4), torch.randn(1, 2, 4)
+    with pytest.raises(ValueError, match="outside"):
+        ops.mla_decode(q_nope, q_pe, kv, [0, 2], 12, 8, kv_b, 6, 1.0, lib)
