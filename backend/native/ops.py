@@ -174,7 +174,7 @@ def mla_decode(
         and kv.is_contiguous()
         and kv_b_weight.is_contiguous()
         and 0 < length <= len(block_table) * block_size
-    ):
+    ) or _threads_win((kv_b_weight.numel() + length * kv.shape[1]) * kv.element_size()):
         return None
     lib = lib or library()
     if lib is None:
