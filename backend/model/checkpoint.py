@@ -28,6 +28,7 @@ from backend.model.dtypes import FP8_WEIGHT_MODES, FP8Weights
 from backend.model.fp8_linear import make_resident
 from backend.model.model import DeepseekV3ForCausalLM
 from backend.model.moe import MoE
+from backend.native.build import library
 
 logger = logging.getLogger(__name__)
 
@@ -283,10 +284,20 @@ def _stored_weights(config: ModelConfig, model: DeepseekV3ForCausalLM) -> str:
 
 
 def prepare_for_kernels(model: DeepseekV3ForCausalLM) -> None:
-    """Where the Triton kernels will run (CUDA with triton), stack each MoE layer's experts for
-    the fused kernel; the experts' own parameters become views, so memory does not grow."""
-    if not support.use_kernels(model.lm_head.weight):
+    """Where the Triton kernels will run (CUDA with triton), or the C kernels (CPU, fp32 or bf16
+    experts, a compiler present), stack each MoE layer's experts for the fused kernel; the
+    experts' own parameters become views, so memory does not grow."""
+    weight = model.lm_head.weight
+    triton = support.use_kernels(weight)
+    native = weight.is_cpu and weight.dtype in (torch.float32, torch.bfloat16)
+    if not (triton or (native and library() is not None)):
         return
     for module in model.modules():
-        if isinstance(module, MoE):
+        if isinstance(module, MoE) and (triton or _plain_experts(module)):
             module.pack_experts()
+
+
+def _plain_experts(module: MoE) -> bool:
+    """The routed experts are fp32/bf16 linears (FP8-resident ones stay unstacked on CPU)."""
+    weight = module.experts[0].gate_proj.weight
+    return weight.dtype in (torch.float32, torch.bfloat16)

@@ -25,6 +25,7 @@ from backend.model.config import ModelConfig
 from backend.model.fp8_linear import dense_weight
 from backend.model.layers import Linear, RMSNorm
 from backend.model.rope import apply_rotary
+from backend.native import ops
 
 
 def chunk_mask(num_q: int, length: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
@@ -302,6 +303,13 @@ class MLA(nn.Module):
         tables = [batch.block_tables[s] for s in seqs]
         q_lens = [batch.seq_lens_q[s] for s in seqs]
         lengths = [batch.context_lens[s] for s in seqs]
+        if len(seqs) == 1 and q_lens[0] == 1 and not support.use_kernels(q_nope):
+            out = ops.mla_decode(
+                q_nope, q_pe, cache.kv[cache_layer], tables[0], lengths[0], cache.block_size,
+                dense_weight(self.kv_b_proj), self.v_head_dim, self.scale,
+            )  # fmt: skip  # one sequence, one token: the C kernel, where it is built
+            if out is not None:
+                return out
         w_uk, w_uv = self.absorbed_weights()
         if support.use_kernels(q_nope):
             return paged_absorbed_attention(

@@ -11,6 +11,7 @@ from backend.kernels.fused_moe import StackedExperts, fused_moe
 from backend.model.config import ModelConfig, MoEConfig
 from backend.model.fp8_linear import FP8Linear
 from backend.model.layers import SwiGLU
+from backend.native import ops
 
 
 def route_noaux_tc(logits: Tensor, bias: Tensor, moe: MoEConfig) -> tuple[Tensor, Tensor]:
@@ -49,7 +50,10 @@ class Gate(nn.Module):
         self.register_buffer("e_score_correction_bias", torch.zeros(num_experts))
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:  # x: [T, D]
-        logits = F.linear(x.float(), self.weight)
+        x32 = x.float()
+        logits = ops.gemv(x32, self.weight) if x.shape[0] <= ops.MAX_ROWS else None
+        if logits is None:
+            logits = F.linear(x32, self.weight)
         return route_noaux_tc(logits, self.e_score_correction_bias, self.moe)
 
 
@@ -99,6 +103,10 @@ class MoE(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # x: [T, D] -> [T, D]
         weights, ids = self.gate(x)
+        if self.stacked is not None and x.shape[0] <= ops.MAX_ROWS:
+            fused = ops.moe(x, self.stacked.w13, self.stacked.w2, ids, weights, self._shared())
+            if fused is not None:  # the C kernel on CPU: every expert in one call
+                return fused
         out = self.shared_experts(x) if self.shared_experts is not None else torch.zeros_like(x)
         if self.stacked is not None and support.use_kernels(x):
             return out + fused_moe(x, self.stacked, weights, ids)
@@ -120,6 +128,13 @@ class MoE(nn.Module):
             torch.mul(expert_out, sorted_weights[start:end], out=routed[start:end])
             start = end
         return out.index_add_(0, tokens, routed)
+
+    def _shared(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        """The shared experts' gate, up and down weights, as the C kernel takes them."""
+        if self.shared_experts is None:
+            return None
+        shared = self.shared_experts
+        return shared.gate_proj.weight, shared.up_proj.weight, shared.down_proj.weight
 
 
 def _stack(linears: list[nn.Module], attribute: str) -> Tensor:
