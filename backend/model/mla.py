@@ -287,6 +287,30 @@ class MLA(nn.Module):
             self.scale,
         )
 
+    def _attend_native(
+        self,
+        q_nope: Tensor,
+        q_pe: Tensor,
+        kv: Tensor,
+        table: list[int],
+        q_len: int,
+        end: int,
+        block_size: int,
+    ) -> Tensor | None:
+        """[q_len, H, v] for one sequence's decode token and its drafts by the C kernel, each
+        token over the cache up to its own position; None where the kernel does not apply."""
+        kv_b = dense_weight(self.kv_b_proj)
+        rows = []
+        for j in range(q_len):
+            row = ops.mla_decode(
+                q_nope[j : j + 1], q_pe[j : j + 1], kv, table, end - q_len + 1 + j, block_size,
+                kv_b, self.v_head_dim, self.scale,
+            )  # fmt: skip
+            if row is None:
+                return None
+            rows.append(row)
+        return rows[0] if q_len == 1 else torch.cat(rows)
+
     def _attend_decode(
         self,
         q_nope: Tensor,
@@ -303,13 +327,11 @@ class MLA(nn.Module):
         tables = [batch.block_tables[s] for s in seqs]
         q_lens = [batch.seq_lens_q[s] for s in seqs]
         lengths = [batch.context_lens[s] for s in seqs]
-        if len(seqs) == 1 and q_lens[0] == 1 and not support.use_kernels(q_nope):
-            out = ops.mla_decode(
-                q_nope, q_pe, cache.kv[cache_layer], tables[0], lengths[0], cache.block_size,
-                dense_weight(self.kv_b_proj), self.v_head_dim, self.scale,
-            )  # fmt: skip  # one sequence, one token: the C kernel, where it is built
-            if out is not None:
-                return out
+        if len(seqs) == 1 and not support.use_kernels(q_nope):
+            native = self._attend_native(q_nope, q_pe, cache.kv[cache_layer], tables[0],
+                                         q_lens[0], lengths[0], cache.block_size)  # fmt: skip
+            if native is not None:
+                return native
         w_uk, w_uv = self.absorbed_weights()
         if support.use_kernels(q_nope):
             return paged_absorbed_attention(
