@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import zlib
 from collections.abc import Mapping
-from typing import cast
 from urllib.parse import urlsplit
 
-import httptools
+from providers.http1_connection import (
+    Connection,
+    ConnectTimeout,
+    Http1Error,
+    Http1Response,
+    Http1Timeout,
+)
 
-# Stop reading from the socket while this much body is buffered and unread.
-_HIGH_WATER = 1 << 20
-_NO_BODY_STATUSES = frozenset({204, 304})
+__all__ = ["ConnectTimeout", "Http1Error", "Http1Pool", "Http1Response", "Http1Timeout"]
 
 
 def _by_lower_name(
@@ -52,256 +54,6 @@ def _by_lower_name(
             raise ValueError(f"a header may not hold a line break: {name!r}")
         merged[name.lower()] = (name, value)
     return merged
-
-
-class Http1Error(Exception):
-    """The connection failed, or the answer ended before its end."""
-
-
-class ConnectTimeout(Http1Error):
-    """No connection within the connect timeout."""
-
-
-class Http1Timeout(Http1Error):
-    """The exchange's deadline passed (the connection is closed: its answer is abandoned)."""
-
-
-class Http1Response:
-    """One answer: `status`, `reason`, `headers` (lower-case names), then its body."""
-
-    def __init__(self, conn: _Connection) -> None:
-        self._conn = conn
-        self.status = 0
-        self.reason = ""
-        self.headers: dict[str, str] = {}
-
-    @property
-    def content_type(self) -> str:
-        """The media type without parameters, lower-case ("application/octet-stream" if none)."""
-        value = self.headers.get("content-type")
-        if not value:
-            return "application/octet-stream"
-        return value.partition(";")[0].strip().lower()
-
-    async def readany(self) -> bytes:
-        return await self._conn.readany()
-
-    def disarm(self) -> None:
-        """No deadline from now on (the caller times each read itself)."""
-        self._conn.disarm()
-
-    async def read(self) -> bytes:
-        parts = []
-        while chunk := await self._conn.readany():
-            parts.append(chunk)
-        return b"".join(parts)
-
-    def close(self) -> None:
-        self._conn.release()
-
-
-class _Connection(asyncio.Protocol):
-    """One TCP (or TLS) connection and the answer being read on it."""
-
-    def __init__(self, pool: Http1Pool) -> None:
-        self._pool = pool
-        self._loop = pool.loop
-        self._transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpResponseParser(self)
-        self.lost = False
-        self.reused = False
-        self._response: Http1Response | None = None
-        self._headers_ready: asyncio.Future[Http1Response] | None = None
-        self._body: list[bytes] = []
-        self._buffered = 0
-        self._waiter: asyncio.Future[None] | None = None
-        self._complete = False
-        self._error: Http1Error | None = None
-        self._paused = False
-        self._got_bytes = False
-        self._until_eof = False  # no length, not chunked: the body ends with the connection
-        self._inflate: zlib._Decompress | None = None
-        self._keep_alive = False
-        self._timer: asyncio.TimerHandle | None = None
-
-    # asyncio.Protocol
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
-        self._transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        self._got_bytes = True
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(Http1Error("the upstream switched protocols"))
-        except httptools.HttpParserError as exc:
-            self._fail(Http1Error(f"malformed answer: {exc}"))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        self._pool.forget(self)
-        if self._response is not None and self._until_eof and not self._complete:
-            self._finish()
-        elif not self._complete:
-            reason = f": {exc}" if exc else ""
-            self._fail(Http1Error(f"the upstream closed the connection{reason}"))
-
-    # httptools callbacks
-
-    def on_message_begin(self) -> None:
-        self._response = Http1Response(self)
-
-    def on_status(self, status: bytes) -> None:  # may come in pieces
-        assert self._response is not None
-        self._response.reason += status.decode("latin-1")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        assert self._response is not None
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        headers = self._response.headers
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
-
-    def on_headers_complete(self) -> None:
-        response = self._response
-        assert response is not None
-        response.status = self._parser.get_status_code()
-        headers = response.headers
-        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        self._until_eof = (
-            "content-length" not in headers
-            and not chunked
-            and response.status not in _NO_BODY_STATUSES
-        )
-        encoding = headers.get("content-encoding", "").strip().lower()
-        if encoding in ("gzip", "x-gzip"):
-            self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            self._inflate = zlib.decompressobj()
-        if self._headers_ready is not None and not self._headers_ready.done():
-            self._headers_ready.set_result(response)
-
-    def on_body(self, body: bytes) -> None:
-        if self._inflate is not None:
-            try:
-                body = self._inflate.decompress(body)
-            except zlib.error as exc:
-                self._fail(Http1Error(f"undecodable {exc}"))
-                return
-        if body:
-            self._body.append(body)
-            self._buffered += len(body)
-            if self._buffered > _HIGH_WATER and not self._paused and self._transport:
-                self._paused = True
-                self._transport.pause_reading()
-            self._wake()
-
-    def on_message_complete(self) -> None:
-        self._keep_alive = self._parser.should_keep_alive()  # valid only inside this callback
-        self._finish()
-
-    # the pool's and the response's side
-
-    async def send(self, request: bytes, deadline: float) -> Http1Response:
-        """Writes `request`; returns the answer once its headers are in, by `deadline`."""
-        assert self._transport is not None
-        self._headers_ready = self._loop.create_future()
-        self._timer = self._loop.call_at(deadline, self._expire)
-        self._transport.write(request)
-        return await self._headers_ready
-
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _expire(self) -> None:
-        self._timer = None
-        self._fail(Http1Timeout("the deadline passed"))
-
-    async def readany(self) -> bytes:
-        while not self._body:
-            if self._error is not None:
-                raise self._error
-            if self._complete:
-                return b""
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        data = b"".join(self._body) if len(self._body) > 1 else self._body[0]
-        self._body.clear()
-        self._buffered = 0
-        if self._paused and self._transport is not None:
-            self._paused = False
-            self._transport.resume_reading()
-        return data
-
-    def release(self) -> None:
-        """Back to the pool if the answer was read to its end and the connection lives on."""
-        self.disarm()
-        reusable = (
-            self._complete
-            and not self._body
-            and self._error is None
-            and not self.lost
-            and not self._until_eof
-            and self._keep_alive
-        )
-        if reusable:
-            self._reset()
-            self._pool.give_back(self)
-        else:
-            self.abort()
-
-    def abort(self) -> None:
-        self.disarm()
-        self.lost = True
-        if self._transport is not None:
-            self._transport.abort()
-
-    @property
-    def answered(self) -> bool:
-        """Whether any byte of the current answer arrived."""
-        return self._got_bytes
-
-    def _reset(self) -> None:
-        self._parser = httptools.HttpResponseParser(self)
-        self._response = None
-        self._headers_ready = None
-        self._complete = False
-        self._got_bytes = False
-        self._until_eof = False
-        self._keep_alive = False
-        self._inflate = None
-        self.reused = True
-
-    def _finish(self) -> None:
-        if self._inflate is not None:
-            tail = self._inflate.flush()
-            self._inflate = None
-            if tail:
-                self._body.append(tail)
-        self._complete = True
-        self._wake()
-
-    def _fail(self, error: Http1Error) -> None:
-        if self._error is None:
-            self._error = error
-        ready = self._headers_ready
-        if ready is not None and not ready.done():
-            ready.set_exception(error)
-        self._wake()
-        if self._transport is not None and not self.lost:
-            self.abort()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
 
 class Http1Pool:
@@ -330,8 +82,8 @@ class Http1Pool:
         )
         self._connect_timeout_s = connect_timeout_s
         self._limit = max_connections
-        self._idle: list[_Connection] = []
-        self._open: set[_Connection] = set()  # connected, in use or idle
+        self._idle: list[Connection] = []
+        self._open: set[Connection] = set()  # connected, in use or idle
         self._slot_waiters: list[asyncio.Future[None]] = []
         self._connecting = 0  # connects under way (they count against the limit)
 
@@ -360,28 +112,28 @@ class Http1Pool:
         return await self._send(await self._connection_by(deadline), request, deadline)
 
     @staticmethod
-    async def _send(conn: _Connection, request: bytes, deadline: float) -> Http1Response:
+    async def _send(conn: Connection, request: bytes, deadline: float) -> Http1Response:
         try:
             return await conn.send(request, deadline)
         except BaseException:  # cancelled or failed before the headers: nobody will close it
             conn.abort()
             raise
 
-    def _idle_connection(self) -> _Connection | None:
+    def _idle_connection(self) -> Connection | None:
         while self._idle:
             conn = self._idle.pop()
             if not conn.lost:
                 return conn
         return None
 
-    async def _connection_by(self, deadline: float) -> _Connection:
+    async def _connection_by(self, deadline: float) -> Connection:
         try:
             async with asyncio.timeout_at(deadline):
                 return await self._connection()
         except TimeoutError:
             raise Http1Timeout("the deadline passed waiting for a connection") from None
 
-    async def _connection(self) -> _Connection:
+    async def _connection(self) -> Connection:
         """An idle connection, a new one, or (all `max_connections` busy) the next one freed."""
         while True:
             if (conn := self._idle_connection()) is not None:
@@ -396,13 +148,13 @@ class Http1Pool:
                 if slot in self._slot_waiters:
                     self._slot_waiters.remove(slot)
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> Connection:
         self._connecting += 1
-        conn: _Connection | None = None
+        conn: Connection | None = None
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await self.loop.create_connection(
-                    lambda: _Connection(self),
+                    lambda: Connection(self),
                     self._host,
                     self._port,
                     ssl=self._ssl,
@@ -422,11 +174,11 @@ class Http1Pool:
                 self._open.add(conn)
         return conn
 
-    def give_back(self, conn: _Connection) -> None:
+    def give_back(self, conn: Connection) -> None:
         self._idle.append(conn)
         self._wake_one()
 
-    def forget(self, conn: _Connection) -> None:
+    def forget(self, conn: Connection) -> None:
         if conn in self._open:
             self._open.discard(conn)
             self._wake_one()

@@ -16,18 +16,12 @@ Timeouts: `connect_timeout_s` for the TCP/TLS connect; `first_byte_timeout_s` fr
 request until the first SSE data frame (keep-alive comments do not count: a queue that never
 serves us is a failure the router can route around); `idle_timeout_s` between reads after that;
 `answer_timeout_s` from sending a non-streamed request until its whole answer is read.
-
-The gateway builds `UpstreamConfig` from its `ProviderSettings` (providers/ does not import the
-gateway): name = the provider's key in settings, base_url, api_key = settings.api_key(),
-thinking_style, send_reasoning_history, the timeouts, max_connections, headers and stream_upstream
-map one to one; the remaining fields keep their defaults unless the gateway has better.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
@@ -41,11 +35,12 @@ from providers.errors import (
     UpstreamUnavailable,
 )
 from providers.http1 import ConnectTimeout, Http1Error, Http1Pool, Http1Response, Http1Timeout
-from providers.openai_wire import ChunkDecoder, ThinkingStyle, build_body, error_message
+from providers.openai_wire import ChunkDecoder, build_body, error_message
 from providers.read_deadline import ReadDeadline
 from providers.sse import SSEEvent, SSEParser
 from providers.types import ChatRequest, Event
-from providers.upstream_errors import clip, describe, http_error
+from providers.upstream_config import UpstreamConfig
+from providers.upstream_errors import clip, describe, http_error, timeout_error
 
 # How long to wait, after `[DONE]`, for the end of the body before closing the connection.
 _DRAIN_TIMEOUT_S = 1.0
@@ -59,30 +54,6 @@ class StreamDecoder(Protocol):
 
     def feed(self, chunk: dict[str, Any], out: list[Event]) -> None: ...
     def end(self, out: list[Event]) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamConfig:
-    """`models`: the model ids `models()` lists without asking the upstream (empty: ask)."""
-
-    name: str
-    base_url: str  # ends before "/chat/completions", e.g. "https://api.deepseek.com/v1"
-    api_key: str | None = field(default=None, repr=False)
-    # Several accounts of this upstream, (identity, key) each: a conversation keeps to one
-    # (providers/affinity.py), so the upstream's prefix cache serves its later turns.
-    accounts: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    thinking_style: ThinkingStyle = "deepseek"
-    send_reasoning_history: bool = False
-    connect_timeout_s: float = 10.0
-    first_byte_timeout_s: float = 120.0
-    idle_timeout_s: float = 120.0
-    answer_timeout_s: float = 600.0
-    models_timeout_s: float = 10.0
-    health_timeout_s: float = 3.0
-    max_connections: int = 256
-    headers: Mapping[str, str] = field(default_factory=dict)
-    models: tuple[str, ...] = ()
-    stream_upstream: bool = False  # stream from the upstream for JSON clients too
 
 
 class OpenAIUpstream:
@@ -358,17 +329,9 @@ class OpenAIUpstream:
         return http_error(self.name, resp.status, message, resp.headers.get("retry-after"))
 
     def _timeout(self, what: str) -> UpstreamTimeout:
-        config, who = self._config, f"Provider '{self.name}'"
-        message = {
-            "connect": f"{who} could not be connected to within {config.connect_timeout_s:g} s.",
-            "first byte": f"{who} did not start its answer within "
-            f"{config.first_byte_timeout_s:g} s (first byte timeout).",
-            "idle": f"{who} went silent for {config.idle_timeout_s:g} s in the middle of its "
-            "answer (idle timeout).",
-            "answer": f"{who} did not complete its answer within {config.answer_timeout_s:g} s "
-            "(answer timeout).",
-        }.get(what, f"{who} did not answer in time ({what}).")
-        return UpstreamTimeout(message, provider=self.name)
+        c = self._config
+        limits = (c.connect_timeout_s, c.first_byte_timeout_s, c.idle_timeout_s, c.answer_timeout_s)
+        return timeout_error(self.name, what, *limits)
 
     def _broken(self, exc: BaseException | None) -> UpstreamUnavailable:
         return UpstreamUnavailable(

@@ -80,3 +80,19 @@ def parse_retry_after(value: str | None) -> int | None:
     if math.isnan(seconds):
         return None
     return math.ceil(min(max(seconds, 0.0), MAX_RETRY_AFTER_S))
+
+
+def timeout_error(
+    provider: str, what: str, connect_s: float, first_byte_s: float, idle_s: float, answer_s: float
+) -> UpstreamTimeout:
+    """The timeout `what` ("connect", "first byte", "idle", "answer", or another step's name)
+    in the words a client reads, with the limit that ran out."""
+    who = f"Provider '{provider}'"
+    message = {
+        "connect": f"{who} could not be connected to within {connect_s:g} s.",
+        "first byte": f"{who} did not start its answer within {first_byte_s:g} s "
+        "(first byte timeout).",
+        "idle": f"{who} went silent for {idle_s:g} s in the middle of its answer (idle timeout).",
+        "answer": f"{who} did not complete its answer within {answer_s:g} s (answer timeout).",
+    }.get(what, f"{who} did not answer in time ({what}).")
+    return UpstreamTimeout(message, provider=provider)
