@@ -28,9 +28,8 @@ from torch import Tensor
 
 from backend.engine.sampler import Sampler, SampleRow, draw
 from backend.model.cache import ForwardBatch, PagedLatentCache
-from backend.model.layers import linear_rows
+from backend.model.layers import project_rows
 from backend.model.model import DeepseekV3ForCausalLM, MTPLayer
-from backend.native import ops
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +122,7 @@ class Drafter:
         self, hidden: Tensor, targets: list[DraftTarget]
     ) -> tuple[list[int], list[Tensor | None]]:
         """hidden [N, D] MTP outputs -> one draft token per target, and q for sampled ones."""
-        logits = ops.gemv(hidden, self.head) if hidden.shape[0] <= ops.MAX_ROWS else None
-        if logits is None:  # the C kernel where it applies, else torch
-            logits = linear_rows(hidden, self.head)
-        logits = logits.float()  # [N, U] draft vocabulary
+        logits = project_rows(hidden, self.head).float()  # [N, U] draft vocabulary
         rows = [_without_penalties(t.sample_row) for t in targets]
         token_ids = logits.argmax(dim=-1)
         probs: list[Tensor | None] = [None] * len(targets)

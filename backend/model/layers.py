@@ -51,12 +51,18 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() == 2 and self.bias is None:
-            if x.shape[0] <= ops.MAX_ROWS:
-                out = ops.gemv(x, self.weight)  # the C kernel, where it is built and applies
-                if out is not None:
-                    return out
-            return linear_rows(x, self.weight)
+            return project_rows(x, self.weight)
         return F.linear(x, self.weight, self.bias)
+
+
+def project_rows(x: Tensor, weight: Tensor) -> Tensor:
+    """x [N, in] @ weight [out, in]^T: the C kernel for a few rows where it is built and
+    applies, else ``linear_rows``."""
+    if x.shape[0] <= ops.MAX_ROWS:
+        out = ops.gemv(x, weight)
+        if out is not None:
+            return out
+    return linear_rows(x, weight)
 
 
 class RMSNorm(nn.Module):
