@@ -101,6 +101,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                 slot_lease_s=settings.limits.slot_lease_s,
                 spool_dir=settings.limits.spool_dir,
                 timeout_s=settings.redis.timeout_s,
+                reply_spin=(
+                    settings.redis.reply_spin_us / 1e6,
+                    settings.redis.reply_spin_max_waiting,
+                ),
             )
             await keyed.start()
             stack.push_async_callback(keyed.aclose)  # runs after the pipeline's drain below

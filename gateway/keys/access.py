@@ -37,8 +37,8 @@ class RedisAccessControl:
     A request's concurrency slot and reservation are a lease of `slot_lease_s`, renewed while
     it runs (see `Keeper`): a replica that dies mid-request, or loses Redis, holds them for at
     most that long. Settlements Redis does not take are spooled under `spool_dir` and retried.
-    `clock` (epoch seconds) is injectable for tests; replicas sharing Redis are assumed to have
-    synchronized clocks.
+    `reply_spin` (seconds, most calls waiting): see `ScriptBatcher`. `clock` (epoch seconds) is
+    injectable for tests; replicas sharing Redis are assumed to have synchronized clocks.
     """
 
     def __init__(
@@ -52,6 +52,7 @@ class RedisAccessControl:
         timeout_s: float = 5.0,
         auth_cache_s: float = 2.0,
         auth_cache_size: int = 10_000,
+        reply_spin: tuple[float, int] = (0.0, 4),
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = KeyStore(redis, prefix=prefix, clock=clock)
@@ -61,6 +62,7 @@ class RedisAccessControl:
             usage_stream_maxlen=usage_stream_maxlen,
             slot_lease_s=slot_lease_s,
             timeout_s=timeout_s,
+            spin=reply_spin,
             clock=clock,
         )
         self.keeper = Keeper(self._limiter, Spool(spool_dir))

@@ -201,3 +201,48 @@ def test_runs_on_uvloop_the_loop_the_gateway_serves_on() -> None:
             await client.aclose()
 
     assert uvloop.run(main()) == [2, 4, 6]
+
+
+async def test_waiting_for_a_reply_the_loop_spins_and_stops_once_it_is_in(
+    redis: Redis, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    yields: list[int] = []
+    monkeypatch.setattr(script_batch.os, "sched_yield", lambda: yields.append(1))
+    scripts = ScriptBatcher(redis, spin_s=0.5, spin_max=4)
+    try:
+        assert await scripts.run(INCR, [key], [1]) == 1  # opens the connection
+        yields.clear()
+        assert await scripts.run(INCR, [key], [1]) == 2
+        assert yields, "the loop slept instead of polling for the reply"
+        spun = len(yields)
+        await asyncio.sleep(0.05)  # no call waits: the loop sleeps again
+        assert len(yields) <= spun + 1
+    finally:
+        await scripts.aclose()
+
+
+async def test_the_spin_is_bounded_in_time_and_off_when_many_calls_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    yields: list[int] = []
+    monkeypatch.setattr(script_batch.os, "sched_yield", lambda: yields.append(1))
+    server, port = await _silent_server(None)  # reads, never answers
+    client = Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    scripts = ScriptBatcher(client, timeout_s=2, spin_s=0.02, spin_max=2)
+    try:
+        waiting = asyncio.ensure_future(scripts.run(INCR, ["k"], [1]))
+        await asyncio.sleep(0.1)
+        assert yields and not waiting.done()
+        spun = len(yields)
+        await asyncio.sleep(0.1)  # past the spin's 20 ms: the loop sleeps though a call waits
+        assert len(yields) == spun
+        more = [asyncio.ensure_future(scripts.run(INCR, ["k"], [1])) for _ in range(3)]
+        await asyncio.sleep(0.1)  # four calls wait, more than spin_max: no spin at all
+        assert len(yields) == spun
+        for call in (waiting, *more):
+            call.cancel()
+    finally:
+        await scripts.aclose()
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
