@@ -64,7 +64,9 @@ def configure_logging(
         # redact_event: no URL's password reaches a log line
         processors=[*shared, structlog.processors.format_exc_info, redact_event, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        # One write per line: workers share stderr, and with PYTHONUNBUFFERED each write is a
+        # system call (print's text and newline are two, and lines of two workers interleave).
+        logger_factory=structlog.WriteLoggerFactory(out),
         cache_logger_on_first_use=cache,
     )
     handler = _StructlogHandler(out)

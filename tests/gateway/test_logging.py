@@ -56,3 +56,29 @@ def test_a_worker_names_itself_on_every_line() -> None:
     configure_logging(LoggingSettings(format="json", level="info"), stream=out)
     structlog.get_logger("gateway.test").info("single_process")
     assert "worker" not in json.loads(out.getvalue().splitlines()[-1])
+
+
+class _Writes(io.StringIO):
+    """A stream that keeps what each write call got."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return super().write(text)
+
+
+@pytest.mark.usefixtures("restore_root_logging")
+def test_every_line_goes_out_in_one_write_so_workers_sharing_stderr_do_not_interleave() -> None:
+    """With PYTHONUNBUFFERED (common in containers) each write is a system call on the stderr
+    that `[server] workers` share: a line written in two parts can have another worker's line
+    land between them."""
+    out = _Writes()
+    configure_logging(LoggingSettings(format="json", level="info"), stream=out, worker=1)
+    structlog.get_logger("gateway.test").info("shutting_down", grace_period_s=30.0)
+    logging.getLogger("backend.engine.runner").info("an engine line")
+    assert len(out.calls) == 2
+    assert all(call.endswith("\n") and call.count("\n") == 1 for call in out.calls)
+    assert json.loads(out.calls[0])["worker"] == 1
