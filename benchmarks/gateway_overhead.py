@@ -28,7 +28,8 @@ ratio.
 Issue-14 targets, printed last: CPU per request at c=64 (auth off: <= 0.35 ms JSON, <= 0.5 ms per
 20-chunk stream; keyed with every limit on: <= 0.5 ms JSON including Redis's CPU), keyed added
 p50 at one client <= 0.5 ms, idle memory <= 80 MB, keyed peak throughput with 2 workers >= 1.6x
-one worker's. The machine's load average is printed beside them.
+one worker's. The machine's load average is printed beside them, and so is the round trip of one
+admission made alone from one client: the share of the keyed added latency that is Redis's.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--tools auto|native|python] [--seconds 2]
         [--requests 1500] [--chunks 20] [--rounds 5]
@@ -56,6 +57,7 @@ from benchmarks.gateway_procs import (  # noqa: E402
     REDIS_URL,
     STREAM_MODEL,
     Nginx,
+    admission_round_trip_ms,
     drop_prefix,
     high_limit_key,
     mock_answer,
@@ -287,6 +289,7 @@ async def main() -> None:
     redis = Redis.from_url(REDIS_URL)
     try:
         rounds, idle_mb = await _run(args, native, redis, prefix)
+        admission_ms = await admission_round_trip_ms(redis, prefix)
     finally:
         await drop_prefix(redis, prefix)
         await redis.aclose()
@@ -304,6 +307,10 @@ async def main() -> None:
     print(f"\nIssue 14 targets (load average before/after: {load_before} / {os.getloadavg()}):")
     for target in _issue14_targets(rounds, idle_mb):
         print(target.line())
+    print(
+        f"  (one admission alone, from one client, is {admission_ms:.3f} ms of Redis round trip: "
+        "a keyed request waits for it before its upstream call)"
+    )
 
 
 if __name__ == "__main__":

@@ -19,17 +19,23 @@ import multiprocessing as mp
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from redis.asyncio import Redis
 
+from gateway.access import Outcome, Ticket
+from gateway.keys.access import RedisAccessControl
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
+from gateway.settings import RedisSettings
+from providers.types import Usage
 from tests.mock_upstream import MockUpstream, make_plan, parse_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,6 +224,32 @@ async def high_limit_key(redis: Redis, prefix: str) -> str:
         KeyCreate(name="bench", budget_tokens=10**12, rpm=10**8, tpm=10**11, max_concurrency=10**5)
     )
     return secret
+
+
+async def admission_round_trip_ms(redis: Redis, prefix: str, calls: int = 2000) -> float:
+    """Median wall time of one admission (the script a keyed request runs before its upstream
+    call, as the gateway sends it, polling included) made alone by one client: the part of
+    the keyed path's added latency at one client that is Redis's round trip."""
+    secret = await high_limit_key(redis, prefix)
+    access = RedisAccessControl(
+        redis,
+        prefix=prefix,
+        usage_stream_maxlen=1000,
+        spool_dir=Path(tempfile.mkdtemp(prefix="bench-spool-")),
+        reply_spin=(RedisSettings().reply_spin_us / 1e6, RedisSettings().reply_spin_max_waiting),
+    )
+    try:
+        principal = await access.authenticate(secret)
+        times: list[float] = []
+        for i in range(calls):
+            ticket = Ticket(principal, "bench", f"floor-{i}", 10, 28)
+            started = time.perf_counter()
+            grant = await access.admit(ticket)
+            times.append(time.perf_counter() - started)
+            await access.settle(grant, Outcome(Usage(prompt_tokens=10), 200))
+        return statistics.median(times) * 1000
+    finally:
+        await access.aclose()
 
 
 async def drop_prefix(redis: Redis, prefix: str) -> None:
