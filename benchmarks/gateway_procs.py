@@ -33,6 +33,7 @@ from redis.asyncio import Redis
 from gateway.access import Outcome, Ticket
 from gateway.keys.access import RedisAccessControl
 from gateway.keys.records import KeyCreate
+from gateway.keys.script_batch import ReplySpin
 from gateway.keys.store import KeyStore
 from gateway.settings import RedisSettings
 from providers.types import Usage
@@ -231,12 +232,13 @@ async def admission_round_trip_ms(redis: Redis, prefix: str, calls: int = 2000) 
     call, as the gateway sends it, polling included) made alone by one client: the part of
     the keyed path's added latency at one client that is Redis's round trip."""
     secret = await high_limit_key(redis, prefix)
+    defaults = RedisSettings()
     access = RedisAccessControl(
         redis,
         prefix=prefix,
         usage_stream_maxlen=1000,
         spool_dir=Path(tempfile.mkdtemp(prefix="bench-spool-")),
-        reply_spin=(RedisSettings().reply_spin_us / 1e6, RedisSettings().reply_spin_max_waiting),
+        reply_spin=ReplySpin(defaults.reply_spin_us / 1e6, defaults.reply_spin_max_waiting),
     )
     try:
         principal = await access.authenticate(secret)

@@ -27,6 +27,7 @@ from gateway.appkeys import (
 from gateway.cluster.node import open_cluster
 from gateway.keepalive import KeepAlive
 from gateway.keys.access import RedisAccessControl
+from gateway.keys.script_batch import ReplySpin
 from gateway.metrics import Metrics
 from gateway.middleware import add_request_id, error_middleware
 from gateway.open_access import OpenAccess
@@ -101,9 +102,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                 slot_lease_s=settings.limits.slot_lease_s,
                 spool_dir=settings.limits.spool_dir,
                 timeout_s=settings.redis.timeout_s,
-                reply_spin=(
-                    settings.redis.reply_spin_us / 1e6,
-                    settings.redis.reply_spin_max_waiting,
+                reply_spin=ReplySpin(
+                    settings.redis.reply_spin_us / 1e6, settings.redis.reply_spin_max_waiting
                 ),
             )
             await keyed.start()

@@ -39,7 +39,7 @@ from gateway.errors import (
     QuotaExceeded,
     RateLimited,
 )
-from gateway.keys.script_batch import Arg, Script, ScriptBatcher
+from gateway.keys.script_batch import NO_SPIN, Arg, ReplySpin, Script, ScriptBatcher
 from gateway.keys.store import KeySpace, lua, text
 from gateway.keys.usage import RECORD_FIELDS, UsageEntry
 
@@ -124,14 +124,14 @@ class Limiter:
         usage_stream_maxlen: int,
         slot_lease_s: float,
         timeout_s: float = 5.0,
-        spin: tuple[float, int] = (0.0, 4),
+        spin: ReplySpin = NO_SPIN,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._space = space
         self._maxlen = usage_stream_maxlen
         self.lease_ms = int(slot_lease_s * 1000)
         self._clock = clock
-        self._scripts = ScriptBatcher(redis, timeout_s=timeout_s, spin_s=spin[0], spin_max=spin[1])
+        self._scripts = ScriptBatcher(redis, timeout_s=timeout_s, spin=spin)
         self._admit = Script.of(lua("admit.lua"))
         self._settle = Script.of(lua("settle.lua"))
         self._release = Script.of(lua("release.lua"))

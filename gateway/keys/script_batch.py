@@ -12,8 +12,8 @@ serves thousands of requests a second. Each script still runs atomically on its 
 - A caller may pass `parse`, which turns the raw reply (or the error the call failed with) into
   the future's result, or raises: it runs as the reply is read, so the caller's own work on the
   reply costs no extra turn of the event loop.
-- Waiting for replies, the event loop keeps turning instead of sleeping for up to `spin_s`
-  after the last send while at most `spin_max` calls wait (see `_Channel._spin`). Redis answers
+- Waiting for replies, the event loop keeps turning instead of sleeping, as `ReplySpin` says
+  (see `_Channel._spin`). Redis answers
   in tens of microseconds, and a sleeping CPU of a virtual machine takes about as long again to
   wake (measured: 0.09 ms off a keyed request at one client, benchmarks/gateway_overhead.py).
 - No reply within `timeout_s` fails every call waiting on the connection with a redis-py
@@ -44,6 +44,18 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 Arg = str | int | bytes
 # The raw reply, or the exception the call failed with -> the caller's result (or it raises).
 Parse = Callable[[Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplySpin:
+    """Poll instead of sleeping for up to `seconds` after a send while at most `max_waiting`
+    calls wait for their replies (seconds 0: always sleep)."""
+
+    seconds: float = 0.0
+    max_waiting: int = 4
+
+
+NO_SPIN = ReplySpin()
 
 
 class Unsent(RedisConnectionError):
@@ -107,10 +119,10 @@ class _Channel(asyncio.Protocol):
         self,
         timeout_s: float,
         loop: asyncio.AbstractEventLoop,
-        spin: tuple[float, int] = (0.0, 0),
+        spin: ReplySpin = NO_SPIN,
     ) -> None:
         self._timeout_s = timeout_s
-        self._spin_s, self._spin_max = spin
+        self._spin_s, self._spin_max = spin.seconds, spin.max_waiting
         self._spin_until = 0.0
         self._spinning = False
         self._reader = Reader(protocolError=InvalidResponse, replyError=ResponseError)
@@ -214,11 +226,9 @@ class _Channel(asyncio.Protocol):
 class ScriptBatcher:
     """Runs scripts for many callers on one connection opened from `redis`'s settings."""
 
-    def __init__(
-        self, redis: Redis, *, timeout_s: float = 5.0, spin_s: float = 0.0, spin_max: int = 4
-    ) -> None:
+    def __init__(self, redis: Redis, *, timeout_s: float = 5.0, spin: ReplySpin = NO_SPIN) -> None:
         pool = redis.connection_pool
-        self._spin = (spin_s, spin_max)
+        self._spin = spin
         self._kwargs = dict(pool.connection_kwargs)
         self._tls = issubclass(pool.connection_class, SSLConnection)
         self._timeout_s = timeout_s
