@@ -27,7 +27,7 @@ from gateway.appkeys import (
 from gateway.cluster.node import open_cluster
 from gateway.keepalive import KeepAlive
 from gateway.keys.access import RedisAccessControl
-from gateway.keys.script_batch import ReplySpin
+from gateway.keys.script_batch import NO_SPIN, ReplySpin
 from gateway.metrics import Metrics
 from gateway.middleware import add_request_id, error_middleware
 from gateway.open_access import OpenAccess
@@ -88,6 +88,16 @@ def thinking_signer(settings: Settings) -> ThinkingSigner:
     return ThinkingSigner(secret.get_secret_value().encode())
 
 
+def reply_spin_for(settings: Settings, worker: int) -> ReplySpin:
+    """How a serving process waits for Redis's replies (`[redis] reply_spin_us`): polling, but
+    not in the process that runs the embedded engine, whose threads want the CPU more and
+    whose answers take far longer than Redis's."""
+    if worker == 0 and settings.local_providers():
+        return NO_SPIN
+    redis = settings.redis
+    return ReplySpin(redis.reply_spin_us / 1e6, redis.reply_spin_max_waiting)
+
+
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     async with AsyncExitStack() as stack:
@@ -102,9 +112,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                 slot_lease_s=settings.limits.slot_lease_s,
                 spool_dir=settings.limits.spool_dir,
                 timeout_s=settings.redis.timeout_s,
-                reply_spin=ReplySpin(
-                    settings.redis.reply_spin_us / 1e6, settings.redis.reply_spin_max_waiting
-                ),
+                reply_spin=reply_spin_for(settings, app[WORKER]),
             )
             await keyed.start()
             stack.push_async_callback(keyed.aclose)  # runs after the pipeline's drain below

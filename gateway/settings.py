@@ -74,7 +74,8 @@ class RedisSettings(BaseModel):
     start_timeout_s: float = Field(default=60.0, gt=0)
     # While at most reply_spin_max_waiting admissions and settlements await Redis, the event
     # loop polls for their replies for up to reply_spin_us instead of sleeping: an idle CPU of
-    # a virtual machine takes longer to wake than Redis takes to answer. 0: always sleep.
+    # a virtual machine takes longer to wake than Redis takes to answer. 0: always sleep. Not
+    # in the process that runs the embedded engine (its threads want the CPU).
     reply_spin_us: int = Field(default=200, ge=0, le=10_000)
     reply_spin_max_waiting: int = Field(default=4, ge=1)
 

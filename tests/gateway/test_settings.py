@@ -3,6 +3,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from gateway.app import reply_spin_for
+from gateway.keys.script_batch import NO_SPIN, ReplySpin
 from gateway.settings import load_settings
 
 TOML = """
@@ -166,3 +168,13 @@ def test_speculation_knobs_validate_into_the_engine_config(
     engine = load_settings(engine={"spec_num_tokens": 3, "spec_max_batch_size": 4}).engine
     assert (engine.config.spec_enabled, engine.config.spec_num_tokens) == (False, 3)
     assert engine.config.spec_max_batch_size == 4
+
+
+def test_replies_from_redis_are_polled_for_except_beside_the_embedded_engine(
+    config: Path,
+) -> None:
+    upstream_only = load_settings(config)
+    assert reply_spin_for(upstream_only, 0) == ReplySpin(0.0002, 4)
+    with_engine = load_settings(Path(__file__).parents[2] / "settings.toml")
+    assert reply_spin_for(with_engine, 0) == NO_SPIN  # this process runs the engine
+    assert reply_spin_for(with_engine, 1) == ReplySpin(0.0002, 4)  # reaches worker 0's
