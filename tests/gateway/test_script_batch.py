@@ -228,16 +228,14 @@ async def test_the_spin_is_bounded_in_time_and_off_when_many_calls_wait(
     monkeypatch.setattr(script_batch.os, "sched_yield", lambda: yields.append(1))
     server, port = await _silent_server(None)  # reads, never answers
     client = Redis.from_url(f"redis://127.0.0.1:{port}/0")
-    scripts = ScriptBatcher(client, timeout_s=2, spin=ReplySpin(0.02, 2))
+    scripts = ScriptBatcher(client, timeout_s=30, spin=ReplySpin(0.02, 2))
     try:
         waiting = asyncio.ensure_future(scripts.run(INCR, ["k"], [1]))
-        await asyncio.sleep(0.1)
-        assert yields and not waiting.done()
-        spun = len(yields)
-        await asyncio.sleep(0.1)  # past the spin's 20 ms: the loop sleeps though a call waits
-        assert len(yields) == spun
+        await _until(lambda: bool(yields))  # sent: the loop polls for the reply
+        spun = await _settled(yields)  # and stops 20 ms after the send, though the call waits
+        assert not waiting.done()
         more = [asyncio.ensure_future(scripts.run(INCR, ["k"], [1])) for _ in range(3)]
-        await asyncio.sleep(0.1)  # four calls wait, more than spin_max: no spin at all
+        await asyncio.sleep(0.1)  # four calls wait, more than the two allowed: no spin at all
         assert len(yields) == spun
         for call in (waiting, *more):
             call.cancel()
@@ -246,3 +244,21 @@ async def test_the_spin_is_bounded_in_time_and_off_when_many_calls_wait(
         await client.aclose()
         server.close()
         await server.wait_closed()
+
+
+async def _until(done: Any, within_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, "not within the deadline"
+        await asyncio.sleep(0.005)
+
+
+async def _settled(counts: list[int], within_s: float = 10.0) -> int:
+    """The length of `counts` once it has stopped growing for 50 ms."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while True:
+        seen = len(counts)
+        await asyncio.sleep(0.05)
+        if len(counts) == seen:
+            return seen
+        assert asyncio.get_running_loop().time() < deadline, "the spin did not stop"
