@@ -185,8 +185,8 @@ class Limiter:
         then: Callable[[Any], Any] = _result,
     ) -> asyncio.Future[Any]:
         """Check the key as it is in Redis now (revoked, rotated, disabled, expired, model not
-        allowed), then reserve under `token` (from `token(now_s)`); one script call, sent with
-        this loop tick's others. The future holds the Admission, or raises the refusal or
+        allowed), then reserve under `token` (from `token(now_s)`); one script call (sent as
+        `ScriptBatcher.run` says). The future holds the Admission, or raises the refusal or
         failure; with `then`, what `then` makes of either (called as the reply is read)."""
         now_ms = int(now_s * 1000)
         minute = minute_of(token)
@@ -218,8 +218,8 @@ class Limiter:
 
     def settle(self, settlement: Settlement) -> asyncio.Future[int]:
         """Release the reservation, charge the tokens used, record the usage entry; the tokens
-        charged, or -1 when this settlement had been applied before. Sent with this loop
-        tick's other calls."""
+        charged, or -1 when this settlement had been applied before. Sent as
+        `ScriptBatcher.run` says."""
         key_id, token, entry = settlement.key_id, settlement.token, settlement.entry
         n = self._names(key_id, self._clock())
         s = self._space

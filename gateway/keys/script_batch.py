@@ -2,7 +2,9 @@
 
 Every request admits and settles with a script, so this is the hot path to Redis. All script
 calls issued in one event-loop tick go out as one write (packed by hiredis, in C) on a connection
-this batcher owns, and replies are parsed (by hiredis) as they arrive and handed to their callers
+this batcher owns; a call made while nothing is in flight or queued goes out at once instead, as
+the loop would have nothing to add to it (saves a loop turn, about 0.02 ms off a keyed request
+at one client). Replies are parsed (by hiredis) as they arrive and handed to their callers
 in order. Going through redis-py's pool instead costs, per call, a pool checkout under a lock, a
 health check and a timeout task: several times the CPU of the call itself on a gateway that
 serves thousands of requests a second. Each script still runs atomically on its own.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import select
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -44,6 +47,18 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 Arg = str | int | bytes
 # The raw reply, or the exception the call failed with -> the caller's result (or it raises).
 Parse = Callable[[Any], Any]
+# What makes a connection not quiet (see `_Channel.quiet`): a byte to read, or its end.
+# POLLRDHUP (the peer closed its side) is Linux's; where there is no poll, nothing is quiet.
+_POLL = getattr(select, "poll", None)
+_READABLE = (
+    select.POLLIN
+    | select.POLLPRI
+    | select.POLLERR
+    | select.POLLHUP
+    | getattr(select, "POLLRDHUP", 0)
+    if _POLL is not None
+    else 0
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +144,7 @@ class _Channel(asyncio.Protocol):
         self._pending: deque[_Call] = deque()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._poll: Any = None  # a select.poll on the socket, where there is one
         self.loop = loop  # kept: asking asyncio for it costs a getpid() each time (3.11)
         self.open = False
 
@@ -136,6 +152,16 @@ class _Channel(asyncio.Protocol):
         # A stream transport (uvloop's is not a subclass of asyncio.Transport).
         self._transport = cast(asyncio.Transport, transport)
         self.open = True
+        sock = transport.get_extra_info("socket")
+        if sock is not None and _POLL is not None:
+            self._poll = _POLL()
+            self._poll.register(sock.fileno(), _READABLE)
+
+    def quiet(self) -> bool:
+        """Open, no reply awaited, and nothing to read: no reply, and no end of the stream that
+        the event loop has yet to see (Redis closed the connection; the next call must open a
+        new one, not be written into this one). One poll(2) with no wait."""
+        return self.open and not self._pending and self._poll is not None and not self._poll.poll(0)
 
     def send(self, calls: Sequence[_Call]) -> None:
         assert self._transport is not None
@@ -211,6 +237,7 @@ class _Channel(asyncio.Protocol):
             self._transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._poll = None  # its descriptor may soon stand for another file
         if self._pending:
             lost = RedisConnectionError("The connection to Redis was lost.")
             lost.__cause__ = exc
@@ -219,6 +246,7 @@ class _Channel(asyncio.Protocol):
 
     def close(self) -> None:
         self.open = False
+        self._poll = None
         if self._transport is not None:
             self._transport.close()
 
@@ -245,8 +273,8 @@ class ScriptBatcher:
         args: Sequence[Arg],
         parse: Parse | None = None,
     ) -> asyncio.Future[Any]:
-        """The script's result (through `parse`, if given), sent with whatever else this loop
-        tick runs."""
+        """The script's result (through `parse`, if given): sent at once on a quiet connection,
+        else with whatever else this loop tick runs."""
         channel = self._channel
         loop = channel.loop if channel is not None and channel.open else None
         loop = loop or asyncio.get_running_loop()
@@ -256,6 +284,9 @@ class ScriptBatcher:
             _resolve(call, Unsent("The script connection is closed."))
             return future
         if not self._queue:
+            if channel is not None and channel.quiet():
+                channel.send([call])  # alone: nothing to batch it with, no tick to wait for
+                return future
             loop.call_soon(self._flush)
         self._queue.append(call)
         return future
