@@ -164,9 +164,16 @@ http {{
 
 
 def start_gateway(
-    json_url: str, stream_url: str, chunks: int, keyed: bool, prefix: str, workers: int = 1
+    json_url: str,
+    stream_url: str,
+    chunks: int,
+    keyed: bool,
+    prefix: str,
+    workers: int = 1,
+    stand_ins: str = "",
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """`bench` routes to the JSON upstream at `json_url`, `bench-stream` to `stream_url`."""
+    """`bench` routes to the JSON upstream at `json_url`, `bench-stream` to `stream_url`.
+    `stand_ins`: parts of the keyed path replaced as `benchmarks/stand_ins.py` says (one worker)."""
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "bench.toml"
     config.write_text(f"""
@@ -195,8 +202,9 @@ routes = [{{ provider = "json", model = "echo-chunks-{chunks}" }}]
 routes = [{{ provider = "stream", model = "echo-chunks-{chunks}" }}]
 """)
     env = {**os.environ, "GATEWAY_USE_PRESETS": "false"}
+    launcher = ["-m", "benchmarks.stand_ins", stand_ins] if stand_ins else ["-m", "gateway"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(config)], cwd=ROOT, env=env
+        [sys.executable, *launcher, "serve", "--config", str(config)], cwd=ROOT, env=env
     )
     return proc, f"http://127.0.0.1:{port}"
 

@@ -106,7 +106,7 @@ def _reset(ms: int) -> str:
     return f"{math.ceil(ms / 1000)}s"
 
 
-def _headers(kind: str, limit: int, left: int, reset_ms: int) -> dict[str, str]:
+def ratelimit_headers(kind: str, limit: int, left: int, reset_ms: int) -> dict[str, str]:
     """OpenAI's x-ratelimit-* headers for `requests` or `tokens`."""
     return {
         f"x-ratelimit-limit-{kind}": str(limit),
@@ -283,9 +283,9 @@ def _admission(
         _, grant, reserved, rpm, rpm_left, tpm, tpm_left = result
         headers: dict[str, str] = {}
         if rpm != -1:
-            headers.update(_headers("requests", rpm, rpm_left, reset_ms))
+            headers.update(ratelimit_headers("requests", rpm, rpm_left, reset_ms))
         if tpm != -1:
-            headers.update(_headers("tokens", tpm, tpm_left, reset_ms))
+            headers.update(ratelimit_headers("tokens", tpm, tpm_left, reset_ms))
         return Admission(grant, reserved, token, headers)
     match [text(v) if isinstance(v, bytes) else str(v) for v in result]:
         case ["1", why]:
@@ -324,5 +324,5 @@ def _rate_limited(name: str, limit: int, retry_ms: int, prompt_tokens: int) -> R
     return RateLimited(
         f"Rate limit reached: {limit} {kind} per minute for this API key. Try again in {retry}s.",
         retry_after=retry,
-        headers=_headers(kind, limit, 0, retry_ms),
+        headers=ratelimit_headers(kind, limit, 0, retry_ms),
     )

@@ -1,0 +1,141 @@
+"""What each part of the keyed path costs a request at one client, measured side by side in one run.
+
+The keyed gateway (a real key with budget, rpm, tpm and concurrency limits set high) is run
+beside copies of itself with parts replaced by answers made in the process
+(benchmarks/stand_ins.py): `admit` (no admission round trip), `settle` (no settlement at all),
+`send` (the settlement built but not sent), `admit,settle` (neither), and beside the open gateway
+(auth off) and the direct path. One client (wrk, JSON, nginx upstream as in
+benchmarks/gateway_overhead.py), in rounds whose order rotates; medians over rounds of each
+path's added p50 (its p50 minus the direct path's in the same round), and the keyed path's p50
+minus each variant's: what that part costs.
+
+    .venv/bin/python benchmarks/keyed_breakdown.py [--seconds 2] [--rounds 5]
+
+Needs wrk and nginx (apt-get install -y wrk nginx-light).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import wrk_load  # noqa: E402
+from benchmarks.gateway_procs import (  # noqa: E402
+    REDIS_URL,
+    Nginx,
+    drop_prefix,
+    high_limit_key,
+    mock_answer,
+    request_body,
+    start_gateway,
+    start_python_mock,
+    wait_ready,
+)
+
+CHUNKS = 20
+# label -> the parts replaced (None: the open gateway; "": the keyed one as it is)
+VARIANTS: dict[str, str | None] = {
+    "open": None,
+    "keyed": "",
+    "keyed-admit": "admit",
+    "keyed-settle": "settle",
+    "keyed-send": "send",
+    "keyed-admit,settle": "admit,settle",
+}
+
+
+async def _start(
+    nginx: Nginx, mock_url: str, redis: Redis, prefix: str
+) -> tuple[list[subprocess.Popen[bytes]], dict[str, tuple[str, Path]]]:
+    """Every gateway, started and ready; label -> (URL, wrk script)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    paths: dict[str, tuple[str, Path]] = {}
+    direct_body = json.dumps(request_body(f"echo-chunks-{CHUNKS}", CHUNKS, False)).encode()
+    json_headers = {"Content-Type": "application/json"}
+    paths["direct"] = (
+        f"{nginx.base_url}/chat/completions",
+        wrk_load.script(direct_body, json_headers),
+    )
+    body = json.dumps(request_body("bench", CHUNKS, False)).encode()
+    secret = await high_limit_key(redis, prefix)
+    for label, parts in VARIANTS.items():
+        keyed = parts is not None
+        proc, root = start_gateway(
+            nginx.base_url, mock_url, CHUNKS, keyed, prefix, stand_ins=parts or ""
+        )
+        procs.append(proc)
+        await wait_ready(root)
+        headers = {**json_headers, **({"Authorization": f"Bearer {secret}"} if keyed else {})}
+        paths[label] = (f"{root}/v1/chat/completions", wrk_load.script(body, headers))
+    return procs, paths
+
+
+def _report(p50s: dict[str, list[float]]) -> None:
+    direct = p50s["direct"]
+    rounds = len(direct)
+
+    def med(values: list[float]) -> str:
+        return f"{statistics.median(values):.3f} ms ({min(values):.3f}..{max(values):.3f})"
+
+    print(f"one client, JSON, {rounds} rounds; medians (range over rounds)\n")
+    print(f"{'path':20s} added p50 over direct")
+    for label in VARIANTS:
+        added = [p - d for p, d in zip(p50s[label], direct, strict=True)]
+        print(f"{label:20s} {med(added)}")
+    keyed = p50s["keyed"]
+    print("\nwhat a part costs the keyed path (keyed p50 - the variant's, within each round)")
+    for label in ("keyed-admit", "keyed-settle", "keyed-send", "keyed-admit,settle", "open"):
+        saved = [k - p for k, p in zip(keyed, p50s[label], strict=True)]
+        print(f"{label:20s} {med(saved)}")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per wrk burst")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if not (wrk_load.available() and Nginx.available()):
+        sys.exit("needs wrk and nginx: apt-get install -y wrk nginx-light")
+    mock_proc, mock_url = start_python_mock()
+    nginx = Nginx(mock_answer(CHUNKS))
+    nginx.start()
+    redis = Redis.from_url(REDIS_URL)
+    prefix = f"bench:{uuid.uuid4().hex}:"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs, paths = await _start(nginx, mock_url, redis, prefix)
+        labels = list(paths)
+        for label in labels:  # warm: connections, caches, the scripts in Redis
+            wrk_load.run(paths[label][0], paths[label][1], 1, 1.0)
+        p50s: dict[str, list[float]] = {label: [] for label in labels}
+        for i in range(args.rounds):
+            shift = i % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                url, lua = paths[label]
+                p50s[label].append(wrk_load.run(url, lua, 1, args.seconds).p50_ms)
+            print(f"round {i + 1}/{args.rounds} done", file=sys.stderr)
+        _report(p50s)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=30)
+        nginx.stop()
+        mock_proc.terminate()
+        await drop_prefix(redis, prefix)
+        await redis.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
