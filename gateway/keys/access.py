@@ -139,6 +139,7 @@ class RedisAccessControl:
             ticket.prompt_tokens,
             ticket.max_tokens,
             partial(self._granted, ticket, token),
+            at_once=not self.keeper.holding,  # no other request under way: nothing to batch
         )
 
     def _granted(self, ticket: Ticket, token: str, admission: Admission | BaseException) -> Grant:
@@ -167,7 +168,7 @@ class RedisAccessControl:
             entry=usage_entry(grant, outcome, self._clock()),
         )
         self.keeper.drop(grant.token)
-        landing = self._limiter.settle(settlement)
+        landing = self._limiter.settle(settlement, at_once=not self.keeper.holding)
         done: asyncio.Future[None] = landing.get_loop().create_future()
         landing.add_done_callback(partial(self._landed, settlement, done))
         return done

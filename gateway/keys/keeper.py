@@ -51,6 +51,11 @@ class Keeper:
         self._task: asyncio.Task[None] | None = None
 
     @property
+    def holding(self) -> int:
+        """Requests admitted and not yet settled."""
+        return len(self._live)
+
+    @property
     def pending(self) -> int:
         """Releases and settlements waiting for Redis."""
         return len(self._releases) + len(self._pending)

@@ -183,6 +183,8 @@ class Limiter:
         prompt_tokens: int,
         max_tokens: int,
         then: Callable[[Any], Any] = _result,
+        *,
+        at_once: bool = False,
     ) -> asyncio.Future[Any]:
         """Check the key as it is in Redis now (revoked, rotated, disabled, expired, model not
         allowed), then reserve under `token` (from `token(now_s)`); one script call (sent as
@@ -214,9 +216,9 @@ class Limiter:
                     reply = refused
             return then(reply)
 
-        return self._scripts.run(self._admit, keys, args, parse)
+        return self._scripts.run(self._admit, keys, args, parse, at_once=at_once)
 
-    def settle(self, settlement: Settlement) -> asyncio.Future[int]:
+    def settle(self, settlement: Settlement, *, at_once: bool = False) -> asyncio.Future[int]:
         """Release the reservation, charge the tokens used, record the usage entry; the tokens
         charged, or -1 when this settlement had been applied before. Sent as
         `ScriptBatcher.run` says."""
@@ -248,7 +250,7 @@ class Limiter:
             args += (field, increment)
         record = entry.record
         args += [record.get(field, "") for field in RECORD_FIELDS]
-        return self._scripts.run(self._settle, keys, args)
+        return self._scripts.run(self._settle, keys, args, at_once=at_once)
 
     async def release(self, key_id: str, token: str) -> bool:
         """Undo an admission the gateway gave up on, or bar it from landing later; True when

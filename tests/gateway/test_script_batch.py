@@ -35,7 +35,7 @@ async def key(redis: Redis) -> AsyncIterator[str]:
     await redis.delete(name)
 
 
-async def test_a_call_on_a_quiet_connection_goes_at_once_and_the_rest_of_its_tick_in_one_write(
+async def test_calls_in_one_tick_share_one_write_and_run_in_order(
     batcher: ScriptBatcher, key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert await batcher.run(INCR, [key], [0]) == 0  # the script is in the server's cache now
@@ -47,13 +47,31 @@ async def test_a_call_on_a_quiet_connection_goes_at_once_and_the_rest_of_its_tic
         send(channel, calls)
 
     monkeypatch.setattr(script_batch._Channel, "send", counting)
-    first = batcher.run(INCR, [key], [1])
+    results = await asyncio.gather(*(batcher.run(INCR, [key], [1]) for _ in range(50)))
+    assert results == list(range(1, 51))  # one connection, replies in the order of the calls
+    assert writes == [50]
+    assert await batcher.run(INCR, [key], [5]) == 55
+    assert writes == [50, 1]
+
+
+async def test_an_at_once_call_on_a_quiet_connection_goes_at_once_its_tick_in_one_write(
+    batcher: ScriptBatcher, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert await batcher.run(INCR, [key], [0]) == 0  # the script is in the server's cache now
+    writes: list[int] = []
+    send = script_batch._Channel.send
+
+    def counting(channel: Any, calls: Any) -> None:
+        writes.append(len(calls))
+        send(channel, calls)
+
+    monkeypatch.setattr(script_batch._Channel, "send", counting)
+    first = batcher.run(INCR, [key], [1], at_once=True)
     assert writes == [1]  # nothing else in flight: written before the tick ends
-    results = await asyncio.gather(first, *(batcher.run(INCR, [key], [1]) for _ in range(49)))
+    rest = (batcher.run(INCR, [key], [1], at_once=True) for _ in range(49))
+    results = await asyncio.gather(first, *rest)
     assert results == list(range(1, 51))  # one connection, replies in the order of the calls
     assert writes == [1, 49]
-    assert await batcher.run(INCR, [key], [5]) == 55
-    assert writes == [1, 49, 1]
 
 
 async def test_a_script_unknown_to_the_server_is_sent_again_as_eval(
@@ -133,9 +151,9 @@ async def test_a_lost_connection_fails_its_calls_and_the_next_call_reconnects(
     try:
         assert await scripts.run(INCR, ["n"], [1]) == 1
         await client.client_kill_filter(_type="normal", skipme=True)  # drops the batcher's
-        # The end of the connection is there to read, but the loop has not read it yet: the
-        # call must not be written at once into the dead connection (it would fail).
-        assert await scripts.run(INCR, ["n"], [1]) == 2
+        # The end of the connection is there to read, but the loop has not read it yet: an
+        # at-once call must not be written at once into the dead connection (it would fail).
+        assert await scripts.run(INCR, ["n"], [1], at_once=True) == 2
     finally:
         await scripts.aclose()
         await client.aclose()
