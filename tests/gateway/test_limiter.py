@@ -8,14 +8,12 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from gateway.access import Grant, Outcome, Principal, Ticket, require_model
 from gateway.errors import AuthenticationError, PermissionDenied, QuotaExceeded, RateLimited
-from gateway.keys import script_batch
 from gateway.keys.access import RedisAccessControl
 from gateway.keys.records import KeyCreate, KeyRecord, KeyUpdate, UsageQuery
 from gateway.keys.usage import UsageReader
@@ -368,30 +366,23 @@ async def test_concurrent_misses_share_one_lookup(access: RedisAccessControl) ->
 
 
 async def test_a_lone_request_writes_its_scripts_at_once_and_a_busy_process_per_tick(
-    access: RedisAccessControl, monkeypatch: pytest.MonkeyPatch
+    access: RedisAccessControl, script_writes: list[int]
 ) -> None:
     """With no other request under way nothing would join an admission or a settlement, so
     each is written as it is made; with another under way, they wait for the loop tick's write."""
     _, principal = await make_key(access, rpm=100, max_concurrency=5)
     await settle(access, await access.admit(ticket(principal, 5, 5)), 5, 1)  # connected
-    writes: list[int] = []
-    send = script_batch._Channel.send
-
-    def counting(channel: Any, calls: Any) -> None:
-        writes.append(len(calls))
-        send(channel, calls)
-
-    monkeypatch.setattr(script_batch._Channel, "send", counting)
+    script_writes.clear()  # from here on
     lone = access.admit(ticket(principal, 5, 5))
-    assert writes == [1]  # written before the tick ended
+    assert script_writes == [1]  # written before the tick ended
     first = await lone
     second = access.admit(ticket(principal, 5, 5))  # `first` is still under way
-    assert writes == [1]
+    assert script_writes == [1]
     second_grant = await second
-    assert writes == [1, 1]
+    assert script_writes == [1, 1]
     landed = access.settle(first, Outcome(Usage(5, 1), 200))  # `second` still under way
-    assert writes == [1, 1]
+    assert script_writes == [1, 1]
     await landed
     last = access.settle(second_grant, Outcome(Usage(5, 1), 200))  # the last one under way
-    assert writes == [1, 1, 1, 1]
+    assert script_writes == [1, 1, 1, 1]
     await last

@@ -36,42 +36,28 @@ async def key(redis: Redis) -> AsyncIterator[str]:
 
 
 async def test_calls_in_one_tick_share_one_write_and_run_in_order(
-    batcher: ScriptBatcher, key: str, monkeypatch: pytest.MonkeyPatch
+    batcher: ScriptBatcher, key: str, script_writes: list[int]
 ) -> None:
     assert await batcher.run(INCR, [key], [0]) == 0  # the script is in the server's cache now
-    writes: list[int] = []
-    send = script_batch._Channel.send
-
-    def counting(channel: Any, calls: Any) -> None:
-        writes.append(len(calls))
-        send(channel, calls)
-
-    monkeypatch.setattr(script_batch._Channel, "send", counting)
+    script_writes.clear()  # from here on
     results = await asyncio.gather(*(batcher.run(INCR, [key], [1]) for _ in range(50)))
     assert results == list(range(1, 51))  # one connection, replies in the order of the calls
-    assert writes == [50]
+    assert script_writes == [50]
     assert await batcher.run(INCR, [key], [5]) == 55
-    assert writes == [50, 1]
+    assert script_writes == [50, 1]
 
 
 async def test_an_at_once_call_on_a_quiet_connection_goes_at_once_its_tick_in_one_write(
-    batcher: ScriptBatcher, key: str, monkeypatch: pytest.MonkeyPatch
+    batcher: ScriptBatcher, key: str, script_writes: list[int]
 ) -> None:
     assert await batcher.run(INCR, [key], [0]) == 0  # the script is in the server's cache now
-    writes: list[int] = []
-    send = script_batch._Channel.send
-
-    def counting(channel: Any, calls: Any) -> None:
-        writes.append(len(calls))
-        send(channel, calls)
-
-    monkeypatch.setattr(script_batch._Channel, "send", counting)
+    script_writes.clear()  # from here on
     first = batcher.run(INCR, [key], [1], at_once=True)
-    assert writes == [1]  # nothing else in flight: written before the tick ends
+    assert script_writes == [1]  # nothing else in flight: written before the tick ends
     rest = (batcher.run(INCR, [key], [1], at_once=True) for _ in range(49))
     results = await asyncio.gather(first, *rest)
     assert results == list(range(1, 51))  # one connection, replies in the order of the calls
-    assert writes == [1, 49]
+    assert script_writes == [1, 49]
 
 
 async def test_a_script_unknown_to_the_server_is_sent_again_as_eval(
