@@ -67,9 +67,11 @@ def _unsent_settlements() -> None:
         keys: Sequence[str],
         args: Sequence[script_batch.Arg],
         parse: script_batch.Parse | None = None,
+        *,
+        at_once: bool = False,
     ) -> asyncio.Future[Any]:
         if script.sha != settle_sha:
-            return run(self, script, keys, args, parse)
+            return run(self, script, keys, args, parse, at_once=at_once)
         pack_command(("EVALSHA", script.sha, len(keys), *keys, *args))
         return _done(1)
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import aiohttp
+import pytest
 from redis.asyncio import Redis
 
 from benchmarks.gateway_procs import ROOT, high_limit_key, request_body, start_gateway, wait_ready
@@ -25,8 +26,9 @@ async def _ask(root: str, secret: str) -> tuple[int, dict[str, str], dict[str, o
         return resp.status, dict(resp.headers), await resp.json()
 
 
-async def test_with_admission_and_settlement_replaced_it_answers_and_records_nothing(
-    mock_upstream: MockUpstream, redis: Redis, redis_prefix: str
+@pytest.mark.parametrize(("parts", "admitted"), [("admit,settle", False), ("send", True)])
+async def test_with_parts_replaced_it_answers_and_the_parts_do_not_reach_redis(
+    mock_upstream: MockUpstream, redis: Redis, redis_prefix: str, parts: str, admitted: bool
 ) -> None:
     secret = await high_limit_key(redis, redis_prefix)
     proc, root = start_gateway(
@@ -35,7 +37,7 @@ async def test_with_admission_and_settlement_replaced_it_answers_and_records_not
         3,
         True,
         redis_prefix,
-        stand_ins="admit,settle",
+        stand_ins=parts,
     )
     try:
         await wait_ready(root)
@@ -46,11 +48,10 @@ async def test_with_admission_and_settlement_replaced_it_answers_and_records_not
     assert status == 200
     assert body["choices"][0]["message"]["content"]  # type: ignore[index]
     assert headers["x-ratelimit-limit-requests"] == str(10**8)  # as a real admission says
-    # Only the key itself is in Redis: no admission (slots, rpm and tpm windows) and no
-    # settlement (usage counters and log) reached it.
     names = {k.decode() async for k in redis.scan_iter(match=f"{redis_prefix}*", count=1000)}
     kinds = {name.removeprefix(redis_prefix).split(":")[0] for name in names}
-    assert kinds == {"key", "key-digest", "keys"}, names
+    assert not kinds & {"usage", "usage-days", "usage-log"}, names  # no settlement was sent
+    assert ("slots" in kinds) == admitted, names  # the admission reached Redis where it is real
 
 
 def test_an_unknown_part_is_refused() -> None:
