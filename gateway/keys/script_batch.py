@@ -19,9 +19,9 @@ still runs atomically on its own.
   the future's result, or raises: it runs as the reply is read, so the caller's own work on the
   reply costs no extra turn of the event loop.
 - Waiting for replies, the event loop keeps turning instead of sleeping, as `ReplySpin` says
-  (see `_Channel._spin`). Redis answers
-  in tens of microseconds, and a sleeping CPU of a virtual machine takes about as long again to
-  wake (measured: 0.09 ms off a keyed request at one client, benchmarks/gateway_overhead.py).
+  (see `_Channel._spin`). Redis answers in tens of microseconds, and a sleeping CPU of a
+  virtual machine takes about as long again to wake (measured: 0.09 ms off a keyed request at
+  one client, benchmarks/gateway_overhead.py).
 - No reply within `timeout_s` fails every call waiting on the connection with a redis-py
   `TimeoutError` and closes it; a lost connection fails them with `ConnectionError`. The next
   call opens a new connection. Both are `RedisError`s, which the gateway answers with a 503.
