@@ -33,9 +33,9 @@ from redis.asyncio import Redis
 from gateway.access import Outcome, Ticket
 from gateway.keys.access import RedisAccessControl
 from gateway.keys.records import KeyCreate
-from gateway.keys.script_batch import ReplySpin
 from gateway.keys.store import KeyStore
-from gateway.settings import RedisSettings
+from gateway.settings import ServerSettings
+from providers.busy_wait import BusyWait, Spin
 from providers.types import Usage
 from tests.mock_upstream import MockUpstream, make_plan, parse_model
 
@@ -240,13 +240,13 @@ async def admission_round_trip_ms(redis: Redis, prefix: str, calls: int = 2000) 
     call, as the gateway sends it, polling included) made alone by one client: the part of
     the keyed path's added latency at one client that is Redis's round trip."""
     secret = await high_limit_key(redis, prefix)
-    defaults = RedisSettings()
+    defaults = ServerSettings()
     access = RedisAccessControl(
         redis,
         prefix=prefix,
         usage_stream_maxlen=1000,
         spool_dir=Path(tempfile.mkdtemp(prefix="bench-spool-")),
-        reply_spin=ReplySpin(defaults.reply_spin_us / 1e6, defaults.reply_spin_max_waiting),
+        busy=BusyWait(Spin(defaults.busy_wait_us / 1e6, defaults.busy_wait_max_waiting)),
     )
     try:
         principal = await access.authenticate(secret)

@@ -27,7 +27,6 @@ from gateway.appkeys import (
 from gateway.cluster.node import open_cluster
 from gateway.keepalive import KeepAlive
 from gateway.keys.access import RedisAccessControl
-from gateway.keys.script_batch import NO_SPIN, ReplySpin
 from gateway.metrics import Metrics
 from gateway.middleware import add_request_id, error_middleware
 from gateway.open_access import OpenAccess
@@ -44,6 +43,7 @@ from gateway.routing.plan import RoutePlanner
 from gateway.routing.sticky import Stickiness
 from gateway.settings import Settings
 from gateway.thinking_signature import ThinkingSigner
+from providers.busy_wait import NO_SPIN, BusyWait, Spin
 
 log = structlog.get_logger("gateway.app")
 
@@ -88,18 +88,20 @@ def thinking_signer(settings: Settings) -> ThinkingSigner:
     return ThinkingSigner(secret.get_secret_value().encode())
 
 
-def reply_spin_for(settings: Settings, worker: int) -> ReplySpin:
-    """How a serving process waits for Redis's replies (`[redis] reply_spin_us`): polling, but
-    not in the process that runs the embedded engine, whose threads want the CPU more and
-    whose answers take far longer than Redis's."""
+def spin_for(settings: Settings, worker: int) -> Spin:
+    """How a serving process waits for Redis's and the upstreams' answers (`[server]
+    busy_wait_us`): polling, but not in the process that runs the embedded engine, whose
+    threads want the CPU more and whose answers take far longer than Redis's."""
     if worker == 0 and settings.local_providers():
         return NO_SPIN
-    redis = settings.redis
-    return ReplySpin(redis.reply_spin_us / 1e6, redis.reply_spin_max_waiting)
+    server = settings.server
+    return Spin(server.busy_wait_us / 1e6, server.busy_wait_max_waiting)
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
+    worker = app[WORKER]
+    busy = BusyWait(spin_for(settings, worker))
     async with AsyncExitStack() as stack:
         redis = await stack.enter_async_context(open_redis(settings.redis))
         app[REDIS] = redis
@@ -112,7 +114,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                 slot_lease_s=settings.limits.slot_lease_s,
                 spool_dir=settings.limits.spool_dir,
                 timeout_s=settings.redis.timeout_s,
-                reply_spin=reply_spin_for(settings, app[WORKER]),
+                busy=busy,
             )
             await keyed.start()
             stack.push_async_callback(keyed.aclose)  # runs after the pipeline's drain below
@@ -124,9 +126,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         if cluster is not None:
             app[CLUSTER] = cluster
             app[ENGINE_HOST] = cluster
-        worker = app[WORKER]
         providers = await stack.enter_async_context(
-            open_providers(settings, app[METRICS], cluster, worker=worker)
+            open_providers(settings, app[METRICS], cluster, worker=worker, busy=busy)
         )
         if settings.shares_engine and worker == 0:
             from gateway.engine_share import engine_share

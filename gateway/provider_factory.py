@@ -19,6 +19,7 @@ from gateway.metrics import Metrics
 from gateway.settings import ProviderSettings, Settings
 from providers.anthropic_upstream import AnthropicUpstream
 from providers.base import Provider
+from providers.busy_wait import BusyWait
 from providers.openai_upstream import OpenAIUpstream, UpstreamConfig
 
 log = structlog.get_logger("gateway.providers")
@@ -44,11 +45,17 @@ def upstream_config(name: str, settings: ProviderSettings) -> UpstreamConfig:
 
 @asynccontextmanager
 async def open_providers(
-    settings: Settings, metrics: Metrics, cluster: ClusterNode | None = None, *, worker: int = 0
+    settings: Settings,
+    metrics: Metrics,
+    cluster: ClusterNode | None = None,
+    *,
+    worker: int = 0,
+    busy: BusyWait | None = None,
 ) -> AsyncIterator[dict[str, Provider]]:
     """One opened Provider per live provider, by name; all are closed when the context exits
     (a local engine is stopped, its metrics collector removed). `worker`: this serving
-    process's index; only worker 0 loads a local engine."""
+    process's index; only worker 0 loads a local engine. `busy`: the process's `BusyWait`,
+    which the upstreams wait for their answers with."""
     live, skipped = settings.live_providers()
     log.info(
         "providers_live",
@@ -74,11 +81,8 @@ async def open_providers(
                 )
             else:
                 config = upstream_config(name, provider_settings)
-                upstream = (
-                    AnthropicUpstream(config)
-                    if provider_settings.kind == "anthropic"
-                    else OpenAIUpstream(config)
-                )
+                anthropic = provider_settings.kind == "anthropic"
+                upstream = (AnthropicUpstream if anthropic else OpenAIUpstream)(config, busy=busy)
                 stack.push_async_callback(upstream.close)
                 await upstream.open()
                 providers[name] = upstream

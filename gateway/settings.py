@@ -57,6 +57,13 @@ class ServerSettings(BaseModel):
     request_head_timeout_s: float = Field(default=60.0, gt=0)
     request_body_timeout_s: float = Field(default=60.0, gt=0)
     write_stall_timeout_s: float = Field(default=60.0, gt=0)
+    # While at most busy_wait_max_waiting answers are awaited (Redis's replies to admissions
+    # and settlements, upstream answers), the event loop polls for them for up to busy_wait_us
+    # after each is asked for instead of sleeping: an idle CPU of a virtual machine takes
+    # longer to wake than Redis or a nearby upstream takes to answer. 0: always sleep. Not in
+    # the process that runs the embedded engine (its threads want the CPU).
+    busy_wait_us: int = Field(default=200, ge=0, le=10_000)
+    busy_wait_max_waiting: int = Field(default=4, ge=1)
 
 
 class RedisSettings(BaseModel):
@@ -72,12 +79,6 @@ class RedisSettings(BaseModel):
     timeout_s: float = Field(default=5.0, gt=0)
     # How long start-up waits for a Redis that is loading its data (a large append-only file).
     start_timeout_s: float = Field(default=60.0, gt=0)
-    # While at most reply_spin_max_waiting admissions and settlements await Redis, the event
-    # loop polls for their replies for up to reply_spin_us instead of sleeping: an idle CPU of
-    # a virtual machine takes longer to wake than Redis takes to answer. 0: always sleep. Not
-    # in the process that runs the embedded engine (its threads want the CPU).
-    reply_spin_us: int = Field(default=200, ge=0, le=10_000)
-    reply_spin_max_waiting: int = Field(default=4, ge=1)
 
 
 class LoggingSettings(BaseModel):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from providers.anthropic_wire import MessagesDecoder, build_messages_body
+from providers.busy_wait import BusyWait
 from providers.errors import InvalidRequest
 from providers.openai_upstream import OpenAIUpstream, StreamDecoder, UpstreamConfig
 from providers.types import ChatRequest
@@ -18,8 +19,8 @@ ANTHROPIC_VERSION = "2023-06-01"
 
 
 class AnthropicUpstream(OpenAIUpstream):
-    def __init__(self, config: UpstreamConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: UpstreamConfig, *, busy: BusyWait | None = None) -> None:
+        super().__init__(config, busy=busy)
         base = config.base_url.rstrip("/")
         self._chat_url = base + "/v1/messages"
         self._models_url = base + "/v1/models"

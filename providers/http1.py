@@ -21,6 +21,7 @@ Contract:
   the answer, the request is sent once more on a new connection.
 - No compression is asked for; an upstream that compresses anyway (gzip or deflate) is read
   through zlib. No proxies, cookies or redirects (the upstream session never used them).
+- While few answers are awaited, the loop polls for them instead of sleeping (`BusyWait`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import ssl
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
+from providers.busy_wait import BusyWait
 from providers.http1_connection import (
     Connection,
     ConnectTimeout,
@@ -66,11 +68,15 @@ class Http1Pool:
         *,
         connect_timeout_s: float,
         max_connections: int,
+        busy: BusyWait | None = None,
     ) -> None:
+        """`busy`: the process's `BusyWait`; an answer counts as awaited from its request until
+        its connection is released (default: one of the pool's own that never spins)."""
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         self.loop = asyncio.get_running_loop()
+        self.busy = busy or BusyWait()
         self._host = url.hostname
         self._port = url.port or (443 if url.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if url.scheme == "https" else None

@@ -92,6 +92,9 @@ class Connection(asyncio.Protocol):
         self._inflate: zlib._Decompress | None = None
         self._keep_alive = False
         self._timer: asyncio.TimerHandle | None = None
+        # From the request to the release: its answer is awaited or read (the pool's BusyWait
+        # counts it; a process whose upstream answers wait to be read is busy, not waiting).
+        self._awaited = False
 
     # asyncio.Protocol
 
@@ -110,6 +113,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self._no_longer_awaited()
         self._pool.forget(self)
         if self._response is not None and self._until_eof and not self._complete:
             self._finish()
@@ -179,6 +183,9 @@ class Connection(asyncio.Protocol):
         self._headers_ready = self._loop.create_future()
         self._timer = self._loop.call_at(deadline, self._expire)
         self._transport.write(request)
+        if not self._awaited:
+            self._awaited = True
+            self._pool.busy.begin(self._loop)
         return await self._headers_ready
 
     def disarm(self) -> None:
@@ -212,6 +219,7 @@ class Connection(asyncio.Protocol):
     def release(self) -> None:
         """Back to the pool if the answer was read to its end and the connection lives on."""
         self.disarm()
+        self._no_longer_awaited()
         reusable = (
             self._complete
             and not self._body
@@ -229,6 +237,7 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         self.disarm()
         self.lost = True
+        self._no_longer_awaited()
         if self._transport is not None:
             self._transport.abort()
 
@@ -266,6 +275,11 @@ class Connection(asyncio.Protocol):
         self._wake()
         if self._transport is not None and not self.lost:
             self.abort()
+
+    def _no_longer_awaited(self) -> None:
+        if self._awaited:
+            self._awaited = False
+            self._pool.busy.end()
 
     def _wake(self) -> None:
         waiter = self._waiter

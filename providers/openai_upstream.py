@@ -29,6 +29,7 @@ import aiohttp
 from providers import jsoncodec
 from providers.affinity import conversation_key, pick
 from providers.base import ModelCard
+from providers.busy_wait import BusyWait
 from providers.errors import (
     ProviderError,
     UpstreamTimeout,
@@ -57,11 +58,13 @@ class StreamDecoder(Protocol):
 
 
 class OpenAIUpstream:
-    """The Provider for one OpenAI-compatible upstream."""
+    """The Provider for one OpenAI-compatible upstream. `busy`: the serving process's
+    `BusyWait`, which waits for the upstream's answers (default: none, always sleep)."""
 
-    def __init__(self, config: UpstreamConfig) -> None:
+    def __init__(self, config: UpstreamConfig, *, busy: BusyWait | None = None) -> None:
         self.name = config.name
         self._config = config
+        self._busy = busy
         base = config.base_url.rstrip("/")
         self._chat_url = base + "/chat/completions"
         self._completions_url = base + "/completions"
@@ -101,6 +104,7 @@ class OpenAIUpstream:
                 headers,
                 connect_timeout_s=config.connect_timeout_s,
                 max_connections=config.max_connections,
+                busy=self._busy,
             )
         return self._pool
 

@@ -16,11 +16,12 @@ from gateway.access import Grant, Outcome, Principal, Ticket
 from gateway.errors import AuthenticationError
 from gateway.keys.keeper import TRANSIENT, Keeper
 from gateway.keys.limiter import Admission, Limiter, Settlement
-from gateway.keys.script_batch import NO_SPIN, ReplySpin, Unsent
+from gateway.keys.script_batch import Unsent
 from gateway.keys.spool import Spool
 from gateway.keys.store import SECRET_PREFIX, KeyStore, digest
 from gateway.keys.usage import usage_entry
 from gateway.routing.policy import DEFAULT_POLICY
+from providers.busy_wait import BusyWait
 
 log = structlog.get_logger("gateway.access")
 
@@ -37,8 +38,9 @@ class RedisAccessControl:
     A request's concurrency slot and reservation are a lease of `slot_lease_s`, renewed while
     it runs (see `Keeper`): a replica that dies mid-request, or loses Redis, holds them for at
     most that long. Settlements Redis does not take are spooled under `spool_dir` and retried.
-    `reply_spin`: see `ScriptBatcher`. `clock` (epoch seconds) is injectable for tests;
-    replicas sharing Redis are assumed to have synchronized clocks.
+    `busy`: the process's `BusyWait`, which waits for the scripts' replies. `clock` (epoch
+    seconds) is injectable for tests; replicas sharing Redis are assumed to have synchronized
+    clocks.
     """
 
     def __init__(
@@ -52,7 +54,7 @@ class RedisAccessControl:
         timeout_s: float = 5.0,
         auth_cache_s: float = 2.0,
         auth_cache_size: int = 10_000,
-        reply_spin: ReplySpin = NO_SPIN,
+        busy: BusyWait | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = KeyStore(redis, prefix=prefix, clock=clock)
@@ -62,7 +64,7 @@ class RedisAccessControl:
             usage_stream_maxlen=usage_stream_maxlen,
             slot_lease_s=slot_lease_s,
             timeout_s=timeout_s,
-            spin=reply_spin,
+            busy=busy,
             clock=clock,
         )
         self.keeper = Keeper(self._limiter, Spool(spool_dir))

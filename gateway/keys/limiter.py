@@ -39,9 +39,10 @@ from gateway.errors import (
     QuotaExceeded,
     RateLimited,
 )
-from gateway.keys.script_batch import NO_SPIN, Arg, ReplySpin, Script, ScriptBatcher
+from gateway.keys.script_batch import Arg, Script, ScriptBatcher
 from gateway.keys.store import KeySpace, lua, text
 from gateway.keys.usage import RECORD_FIELDS, UsageEntry
+from providers.busy_wait import BusyWait
 
 _WINDOW_MS = 60_000
 _DAY_SPENT_TTL_MS = 2 * 86_400_000
@@ -124,14 +125,14 @@ class Limiter:
         usage_stream_maxlen: int,
         slot_lease_s: float,
         timeout_s: float = 5.0,
-        spin: ReplySpin = NO_SPIN,
+        busy: BusyWait | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._space = space
         self._maxlen = usage_stream_maxlen
         self.lease_ms = int(slot_lease_s * 1000)
         self._clock = clock
-        self._scripts = ScriptBatcher(redis, timeout_s=timeout_s, spin=spin)
+        self._scripts = ScriptBatcher(redis, timeout_s=timeout_s, busy=busy)
         self._admit = Script.of(lua("admit.lua"))
         self._settle = Script.of(lua("settle.lua"))
         self._release = Script.of(lua("release.lua"))

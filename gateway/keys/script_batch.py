@@ -18,10 +18,8 @@ still runs atomically on its own.
 - A caller may pass `parse`, which turns the raw reply (or the error the call failed with) into
   the future's result, or raises: it runs as the reply is read, so the caller's own work on the
   reply costs no extra turn of the event loop.
-- Waiting for replies, the event loop keeps turning instead of sleeping, as `ReplySpin` says
-  (see `_Channel._spin`). Redis answers in tens of microseconds, and a sleeping CPU of a
-  virtual machine takes about as long again to wake (measured: 0.09 ms off a keyed request at
-  one client, benchmarks/gateway_overhead.py).
+- Waiting for replies, the event loop keeps turning instead of sleeping, as the process's
+  `BusyWait` (providers/busy_wait.py) says: each call awaited is one answer it waits for.
 - No reply within `timeout_s` fails every call waiting on the connection with a redis-py
   `TimeoutError` and closes it; a lost connection fails them with `ConnectionError`. The next
   call opens a new connection. Both are `RedisError`s, which the gateway answers with a 503.
@@ -33,9 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import select
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +43,8 @@ from redis.asyncio.connection import SSLConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from providers.busy_wait import BusyWait
 
 Arg = str | int | bytes
 # The raw reply, or the exception the call failed with -> the caller's result (or it raises).
@@ -63,18 +61,6 @@ _READABLE = (
     if _POLL is not None
     else 0
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ReplySpin:
-    """Poll instead of sleeping for up to `seconds` after a send while at most `max_waiting`
-    calls wait for their replies (seconds 0: always sleep)."""
-
-    seconds: float = 0.0
-    max_waiting: int = 4
-
-
-NO_SPIN = ReplySpin()
 
 
 class Unsent(RedisConnectionError):
@@ -138,12 +124,10 @@ class _Channel(asyncio.Protocol):
         self,
         timeout_s: float,
         loop: asyncio.AbstractEventLoop,
-        spin: ReplySpin = NO_SPIN,
+        busy: BusyWait,
     ) -> None:
         self._timeout_s = timeout_s
-        self._spin_s, self._spin_max = spin.seconds, spin.max_waiting
-        self._spin_until = 0.0
-        self._spinning = False
+        self._busy = busy
         self._reader = Reader(protocolError=InvalidResponse, replyError=ResponseError)
         self._pending: deque[_Call] = deque()
         self._transport: asyncio.Transport | None = None
@@ -177,22 +161,12 @@ class _Channel(asyncio.Protocol):
         self._pending.extend(calls)
         if self._timer is None:
             self._timer = loop.call_at(deadline, self._check_deadline)
-        if self._spin_s and len(self._pending) <= self._spin_max:
-            self._spin_until = time.perf_counter() + self._spin_s
-            if not self._spinning:
-                self._spinning = True
-                loop.call_soon(self._spin)
+        self._busy.begin(loop, len(calls))
 
-    def _spin(self) -> None:
-        """One turn of a bounded busy wait for replies: a callback that stays ready makes the
-        loop poll its sockets without sleeping. `sched_yield` lets a process that is ready to
-        run on this CPU (Redis itself, on a busy machine) go first."""
-        pending = len(self._pending)
-        if pending and pending <= self._spin_max and time.perf_counter() < self._spin_until:
-            os.sched_yield()
-            self.loop.call_soon(self._spin)
-        else:
-            self._spinning = False
+    def _answered(self) -> _Call:
+        """The oldest waiting call, no longer waited for."""
+        self._busy.end()
+        return self._pending.popleft()
 
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
@@ -205,7 +179,7 @@ class _Channel(asyncio.Protocol):
                 return
             if reply is False:
                 break
-            call = self._pending.popleft()
+            call = self._answered()
             if (
                 call.script is not None
                 and isinstance(reply, ResponseError)
@@ -233,7 +207,7 @@ class _Channel(asyncio.Protocol):
         """Fail every waiting call with `exc` and drop the connection."""
         self.open = False
         while self._pending:
-            _resolve(self._pending.popleft(), exc)
+            _resolve(self._answered(), exc)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -258,9 +232,12 @@ class _Channel(asyncio.Protocol):
 class ScriptBatcher:
     """Runs scripts for many callers on one connection opened from `redis`'s settings."""
 
-    def __init__(self, redis: Redis, *, timeout_s: float = 5.0, spin: ReplySpin = NO_SPIN) -> None:
+    def __init__(
+        self, redis: Redis, *, timeout_s: float = 5.0, busy: BusyWait | None = None
+    ) -> None:
+        """`busy`: the process's `BusyWait` (default: one of its own that never spins)."""
         pool = redis.connection_pool
-        self._spin = spin
+        self._busy = busy or BusyWait()
         self._kwargs = dict(pool.connection_kwargs)
         self._tls = issubclass(pool.connection_class, SSLConnection)
         self._timeout_s = timeout_s
@@ -336,7 +313,7 @@ class ScriptBatcher:
         kw = self._kwargs
 
         def channel() -> _Channel:
-            return _Channel(self._timeout_s, loop, self._spin)
+            return _Channel(self._timeout_s, loop, self._busy)
 
         if "path" in kw:
             _, ch = await loop.create_unix_connection(channel, kw["path"])

@@ -14,8 +14,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.keys import script_batch
-from gateway.keys.script_batch import ReplySpin, Script, ScriptBatcher
+from gateway.keys.script_batch import Script, ScriptBatcher
+from providers import busy_wait
+from providers.busy_wait import BusyWait, Spin
 from tests.gateway.conftest import REDIS_URL, PrivateRedis, closed_port
 
 INCR = Script.of("return redis.call('INCRBY', KEYS[1], ARGV[1])")
@@ -215,8 +216,8 @@ async def test_waiting_for_a_reply_the_loop_spins_and_stops_once_it_is_in(
     redis: Redis, key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     yields: list[int] = []
-    monkeypatch.setattr(script_batch.os, "sched_yield", lambda: yields.append(1))
-    scripts = ScriptBatcher(redis, spin=ReplySpin(0.5, 4))
+    monkeypatch.setattr(busy_wait.os, "sched_yield", lambda: yields.append(1))
+    scripts = ScriptBatcher(redis, busy=BusyWait(Spin(0.5, 4)))
     try:
         assert await scripts.run(INCR, [key], [1]) == 1  # opens the connection
         yields.clear()
@@ -233,10 +234,10 @@ async def test_the_spin_is_bounded_in_time_and_off_when_many_calls_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     yields: list[int] = []
-    monkeypatch.setattr(script_batch.os, "sched_yield", lambda: yields.append(1))
+    monkeypatch.setattr(busy_wait.os, "sched_yield", lambda: yields.append(1))
     server, port = await _silent_server(None)  # reads, never answers
     client = Redis.from_url(f"redis://127.0.0.1:{port}/0")
-    scripts = ScriptBatcher(client, timeout_s=30, spin=ReplySpin(0.02, 2))
+    scripts = ScriptBatcher(client, timeout_s=30, busy=BusyWait(Spin(0.02, 2)))
     try:
         waiting = asyncio.ensure_future(scripts.run(INCR, ["k"], [1]))
         await _until(lambda: bool(yields))  # sent: the loop polls for the reply

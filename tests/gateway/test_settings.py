@@ -3,9 +3,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gateway.app import reply_spin_for
-from gateway.keys.script_batch import NO_SPIN, ReplySpin
+from gateway.app import spin_for
 from gateway.settings import load_settings
+from providers.busy_wait import NO_SPIN, Spin
 
 TOML = """
 [server]
@@ -170,11 +170,11 @@ def test_speculation_knobs_validate_into_the_engine_config(
     assert engine.config.spec_max_batch_size == 4
 
 
-def test_replies_from_redis_are_polled_for_except_beside_the_embedded_engine(
+def test_answers_are_polled_for_except_beside_the_embedded_engine(
     config: Path,
 ) -> None:
     upstream_only = load_settings(config)
-    assert reply_spin_for(upstream_only, 0) == ReplySpin(0.0002, 4)
+    assert spin_for(upstream_only, 0) == Spin(0.0002, 4)
     with_engine = load_settings(Path(__file__).parents[2] / "settings.toml")
-    assert reply_spin_for(with_engine, 0) == NO_SPIN  # this process runs the engine
-    assert reply_spin_for(with_engine, 1) == ReplySpin(0.0002, 4)  # reaches worker 0's
+    assert spin_for(with_engine, 0) == NO_SPIN  # this process runs the engine
+    assert spin_for(with_engine, 1) == Spin(0.0002, 4)  # reaches worker 0's

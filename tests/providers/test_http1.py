@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from providers import busy_wait
+from providers.busy_wait import BusyWait, Spin
 from providers.http1 import ConnectTimeout, Http1Error, Http1Pool, Http1Timeout
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -66,10 +68,13 @@ async def pools() -> AsyncIterator[list[Http1Pool]]:
     yield made
     for pool in made:
         pool.close()
+        # Every answer awaited was counted once and uncounted once, whatever became of it.
+        assert pool.busy.waiting == 0
 
 
 def pool_for(pools: list[Http1Pool], url: str, limit: int = 8, **headers: str) -> Http1Pool:
-    pool = Http1Pool(url, headers, connect_timeout_s=2.0, max_connections=limit)
+    busy = BusyWait(Spin(0.05, 4))
+    pool = Http1Pool(url, headers, connect_timeout_s=2.0, max_connections=limit, busy=busy)
     pools.append(pool)
     return pool
 
@@ -310,6 +315,36 @@ async def test_the_deadline_covers_the_headers_and_the_body(pools: list[Http1Poo
         assert await resp.readany() == b"half"
         resp.close()
     assert server.connections == 3  # a timed-out exchange never goes back to the pool
+
+
+async def test_an_awaited_answer_is_polled_for_until_it_is_done_with(
+    pools: list[Http1Pool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    yields: list[int] = []
+    monkeypatch.setattr(busy_wait.os, "sched_yield", lambda: yields.append(1))
+    more = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(0.01)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nhalf")
+        await more.wait()
+        writer.write(b"half")
+        await reader.read()
+
+    async with RawServer(handler) as url:
+        pool = pool_for(pools, url)
+        resp = await pool.post("/", {}, b"", soon())
+        assert yields, "the loop slept instead of polling for the answer"
+        assert pool.busy.waiting == 1  # the body is still to come
+        more.set()
+        assert await resp.read() == b"halfhalf"
+        assert pool.busy.waiting == 1  # until the answer is done with
+        resp.close()
+        assert pool.busy.waiting == 0
+        spun = len(yields)
+        await asyncio.sleep(0.1)  # nothing awaited: the loop sleeps again
+        assert len(yields) <= spun + 1
 
 
 async def test_connect_errors() -> None:
