@@ -171,16 +171,20 @@ def start_gateway(
     prefix: str,
     workers: int = 1,
     stand_ins: str = "",
+    busy_wait_us: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """`bench` routes to the JSON upstream at `json_url`, `bench-stream` to `stream_url`.
-    `stand_ins`: parts of the keyed path replaced as `benchmarks/stand_ins.py` says (one worker)."""
+    `stand_ins`: parts of the keyed path replaced as `benchmarks/stand_ins.py` says (one worker).
+    `busy_wait_us`: `[server] busy_wait_us` (None: the default)."""
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "bench.toml"
+    busy_wait = "" if busy_wait_us is None else f"busy_wait_us = {busy_wait_us}"
     config.write_text(f"""
 [server]
 host = "127.0.0.1"
 port = {port}
 workers = {workers}
+{busy_wait}
 [redis]
 url = "{REDIS_URL}"
 embedded = false

@@ -3,11 +3,13 @@
 The keyed gateway (a real key with budget, rpm, tpm and concurrency limits set high) is run
 beside copies of itself with parts replaced by answers made in the process
 (benchmarks/stand_ins.py): `admit` (no admission round trip), `settle` (no settlement at all),
-`send` (the settlement built but not sent), `admit,settle` (neither), and beside the open gateway
-(auth off) and the direct path. One client (wrk, JSON, nginx upstream as in
-benchmarks/gateway_overhead.py), in rounds whose order rotates; medians over rounds of each
-path's added p50 (its p50 minus the direct path's in the same round), and the keyed path's p50
-minus each variant's: what that part costs.
+`send` (the settlement built but not sent), `admit,settle` (neither); beside copies of the keyed
+and the open gateway that sleep while they wait for Redis and the upstream (`[server]
+busy_wait_us = 0`); and beside the open gateway (auth off) and the direct path. One client
+(wrk, JSON, nginx upstream as in benchmarks/gateway_overhead.py), in rounds whose order rotates;
+medians over rounds of each path's added p50 (its p50 minus the direct path's in the same
+round), the keyed path's p50 minus each variant's (what that part costs), and each sleeping
+copy's p50 minus its path's (what the busy wait saves).
 
     .venv/bin/python benchmarks/keyed_breakdown.py [--seconds 2] [--rounds 5]
 
@@ -24,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -44,14 +47,24 @@ from benchmarks.gateway_procs import (  # noqa: E402
 )
 
 CHUNKS = 20
-# label -> the parts replaced (None: the open gateway; "": the keyed one as it is)
-VARIANTS: dict[str, str | None] = {
-    "open": None,
-    "keyed": "",
-    "keyed-admit": "admit",
-    "keyed-settle": "settle",
-    "keyed-send": "send",
-    "keyed-admit,settle": "admit,settle",
+
+
+@dataclass(frozen=True)
+class Variant:
+    keyed: bool = True
+    stand_ins: str = ""  # the parts replaced ("": none)
+    busy_wait_us: int | None = None  # None: the default
+
+
+VARIANTS: dict[str, Variant] = {
+    "open": Variant(keyed=False),
+    "open-sleeping": Variant(keyed=False, busy_wait_us=0),
+    "keyed": Variant(),
+    "keyed-sleeping": Variant(busy_wait_us=0),
+    "keyed-admit": Variant(stand_ins="admit"),
+    "keyed-settle": Variant(stand_ins="settle"),
+    "keyed-send": Variant(stand_ins="send"),
+    "keyed-admit,settle": Variant(stand_ins="admit,settle"),
 }
 
 
@@ -69,14 +82,20 @@ async def _start(
     )
     body = json.dumps(request_body("bench", CHUNKS, False)).encode()
     secret = await high_limit_key(redis, prefix)
-    for label, parts in VARIANTS.items():
-        keyed = parts is not None
+    for label, variant in VARIANTS.items():
         proc, root = start_gateway(
-            nginx.base_url, mock_url, CHUNKS, keyed, prefix, stand_ins=parts or ""
+            nginx.base_url,
+            mock_url,
+            CHUNKS,
+            variant.keyed,
+            prefix,
+            stand_ins=variant.stand_ins,
+            busy_wait_us=variant.busy_wait_us,
         )
         procs.append(proc)
         await wait_ready(root)
-        headers = {**json_headers, **({"Authorization": f"Bearer {secret}"} if keyed else {})}
+        auth = {"Authorization": f"Bearer {secret}"} if variant.keyed else {}
+        headers = {**json_headers, **auth}
         paths[label] = (f"{root}/v1/chat/completions", wrk_load.script(body, headers))
     return procs, paths
 
@@ -97,6 +116,10 @@ def _report(p50s: dict[str, list[float]]) -> None:
     print("\nwhat a part costs the keyed path (keyed p50 - the variant's, within each round)")
     for label in ("keyed-admit", "keyed-settle", "keyed-send", "keyed-admit,settle", "open"):
         saved = [k - p for k, p in zip(keyed, p50s[label], strict=True)]
+        print(f"{label:20s} {med(saved)}")
+    print("\nwhat the busy wait saves (the sleeping copy's p50 - the path's, within each round)")
+    for label in ("open", "keyed"):
+        saved = [s - p for s, p in zip(p50s[f"{label}-sleeping"], p50s[label], strict=True)]
         print(f"{label:20s} {med(saved)}")
 
 
