@@ -52,6 +52,24 @@ def rss_mb(pid: int) -> float:
     raise ValueError(f"no VmRSS for {pid}")
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """(stolen, all) CPU time of the whole machine so far, from /proc/stat's first line ((0, 0)
+    without one). Stolen time is time this virtual machine wanted to run and its host ran
+    something else: figures taken while it grows are the host's neighbours' as much as ours."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    # user nice system idle iowait irq softirq steal (guest time is counted within user)
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def stolen_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the CPU time between two `cpu_jiffies()` readings that the host stole."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else 0.0
+
+
 async def _redis_cpu_seconds(redis: Redis) -> float:
     info = await redis.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])

@@ -45,6 +45,7 @@ from benchmarks.gateway_procs import (  # noqa: E402
     start_python_mock,
     wait_ready,
 )
+from benchmarks.http_load import cpu_jiffies, stolen_share  # noqa: E402
 
 CHUNKS = 20
 
@@ -142,6 +143,7 @@ async def main() -> None:
         for label in labels:  # warm: connections, caches, the scripts in Redis
             wrk_load.run(paths[label][0], paths[label][1], 1, 1.0)
         p50s: dict[str, list[float]] = {label: [] for label in labels}
+        jiffies = cpu_jiffies()
         for i in range(args.rounds):
             shift = i % len(labels)
             for label in labels[shift:] + labels[:shift]:
@@ -149,6 +151,7 @@ async def main() -> None:
                 p50s[label].append(wrk_load.run(url, lua, 1, args.seconds).p50_ms)
             print(f"round {i + 1}/{args.rounds} done", file=sys.stderr)
         _report(p50s)
+        print(f"\nstolen by the host: {stolen_share(jiffies, cpu_jiffies()):.1%} of CPU time")
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

@@ -14,6 +14,7 @@ import pytest
 
 from benchmarks import wrk_load
 from benchmarks.gateway_procs import Nginx, mock_answer, request_body
+from benchmarks.http_load import cpu_jiffies, stolen_share
 from tests.mock_upstream import MockUpstream
 
 needs_nginx = pytest.mark.skipif(not Nginx.available(), reason="nginx is not installed")
@@ -69,3 +70,10 @@ async def test_a_wrk_burst_counts_its_requests_and_refuses_failed_answers(nginx:
             await asyncio.to_thread(wrk_load.run, f"{nginx.base_url}/missing", lua, 1, 1.0)
     finally:
         lua.unlink()
+
+
+def test_the_stolen_share_is_read_off_the_machines_cpu_times() -> None:
+    stolen, total = cpu_jiffies()
+    assert 0 <= stolen <= total
+    assert stolen_share((10, 1000), (30, 1100)) == pytest.approx(0.2)
+    assert stolen_share((10, 1000), (10, 1000)) == 0.0  # no time passed
