@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from providers.base import Provider
+from providers.busy_wait import BusyWait, Spin
 from providers.errors import (
     ProviderError,
     UpstreamAuthError,
@@ -44,15 +45,19 @@ USER_TEXT = "tell me about the sea"
 async def make(mock_upstream: MockUpstream) -> AsyncIterator[Factory]:
     """Builds providers on the mock (fields of UpstreamConfig as keywords); closes them after."""
     made: list[OpenAIUpstream] = []
+    busy = BusyWait(Spin(0.05, 4))
 
     def factory(**fields: Any) -> OpenAIUpstream:
         fields.setdefault("name", "mock")
         fields.setdefault("base_url", mock_upstream.base_url)
-        provider = OpenAIUpstream(UpstreamConfig(**fields))
+        provider = OpenAIUpstream(UpstreamConfig(**fields), busy=busy)
         made.append(provider)
         return provider
 
     yield factory
+    # Every answer the test asked for was done with (read, failed, timed out or abandoned):
+    # none is still counted as awaited, before closing could hide it.
+    assert busy.waiting == 0
     for provider in made:
         await provider.close()
 
