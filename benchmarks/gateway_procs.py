@@ -35,7 +35,7 @@ from gateway.keys.access import RedisAccessControl
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
 from gateway.settings import ServerSettings
-from providers.busy_wait import BusyWait, Spin
+from providers.busy_wait import BusyWait
 from providers.types import Usage
 from tests.mock_upstream import MockUpstream, make_plan, parse_model
 
@@ -244,13 +244,12 @@ async def admission_round_trip_ms(redis: Redis, prefix: str, calls: int = 2000) 
     call, as the gateway sends it, polling included) made alone by one client: the part of
     the keyed path's added latency at one client that is Redis's round trip."""
     secret = await high_limit_key(redis, prefix)
-    defaults = ServerSettings()
     access = RedisAccessControl(
         redis,
         prefix=prefix,
         usage_stream_maxlen=1000,
         spool_dir=Path(tempfile.mkdtemp(prefix="bench-spool-")),
-        busy=BusyWait(Spin(defaults.busy_wait_us / 1e6, defaults.busy_wait_max_waiting)),
+        busy=BusyWait(ServerSettings().spin),
     )
     try:
         principal = await access.authenticate(secret)

@@ -94,8 +94,7 @@ def spin_for(settings: Settings, worker: int) -> Spin:
     threads want the CPU more and whose answers take far longer than Redis's."""
     if worker == 0 and settings.local_providers():
         return NO_SPIN
-    server = settings.server
-    return Spin(server.busy_wait_us / 1e6, server.busy_wait_max_waiting)
+    return settings.server.spin
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from backend.engine.engine_config import EngineConfig
 from gateway.cluster_settings import ClusterSettings
 from gateway.routing_settings import RoutingSettings
+from providers.busy_wait import Spin
 from providers.openai_wire import ThinkingStyle
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -64,6 +65,11 @@ class ServerSettings(BaseModel):
     # the process that runs the embedded engine (its threads want the CPU).
     busy_wait_us: int = Field(default=200, ge=0, le=10_000)
     busy_wait_max_waiting: int = Field(default=4, ge=1)
+
+    @property
+    def spin(self) -> Spin:
+        """busy_wait_us and busy_wait_max_waiting as `BusyWait` takes them."""
+        return Spin(self.busy_wait_us / 1e6, self.busy_wait_max_waiting)
 
 
 class RedisSettings(BaseModel):
