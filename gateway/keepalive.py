@@ -18,7 +18,10 @@ protocol's sequence numbers) stay in order.
 
 Frames are queued with `send` and go out when the handler next waits (a callback of the same
 loop turn writes them): frames that are ready together (the several chunks of one upstream read)
-cost one write and one system call instead of one each, and no frame waits for a later one.
+cost one write and one system call instead of one each, and no frame waits for a later one. The
+headers and opening frames that the handler's `open` sends are queued the same way, so they leave
+with the first chunks of the answer (the timer's `open`, for a stream with nothing to say yet,
+writes them at once).
 """
 
 from __future__ import annotations
@@ -101,10 +104,15 @@ class KeptAliveStream:
         return self._committed
 
     async def open(self) -> None:
-        """Send the headers and opening frames, unless the timer did (or is doing) it."""
+        """Send the headers and opening frames, unless the timer did (or is doing) it. Sent
+        here, they are queued as `send` queues a frame: they go out with the frames sent before
+        the handler next waits (the first chunks of the answer), in one write."""
         if not self._committed:
             self._committed = True
-            await self._open()
+            self._last = self._loop.time()
+            await self._response.prepare(self._request)  # buffers the headers: see above
+            self._opened = True
+            self.send(self._encoder.start())
             if self._timer is not None:  # from now on the timer only keeps the stream alive
                 self._timer.cancel()
                 self._timer = self._loop.call_later(self._interval, self._tick)
