@@ -16,9 +16,11 @@ One timer per stream does it; a frame written costs one clock read. A keep-alive
 encoded and handed to the transport in one step of a task of its own, so frames (and a
 protocol's sequence numbers) stay in order.
 
-Frames are queued with `send` and go out when the handler next waits (a callback of the same
-loop turn writes them): frames that are ready together (the several chunks of one upstream read)
-cost one write and one system call instead of one each, and no frame waits for a later one. The
+Frames are queued with `send` and go out when the handler next waits (a task it starts writes
+every frame queued by the time the task runs): frames that are ready together (the several chunks
+of one upstream read) cost one write and one system call instead of one each, and no frame waits
+for a later one. The handler is told to wait only for a write that is waiting for the client
+(backpressure), not for one that has yet to begin: that would split one read's frames. The
 headers and opening frames that the handler's `open` sends are queued the same way, so they leave
 with the first chunks of the answer (the timer's `open`, for a stream with nothing to say yet,
 writes them at once).
@@ -91,6 +93,7 @@ class KeptAliveStream:
         self._task: asyncio.Task[None] | None = None  # the timer's opening or keep-alive write
         self._pending: list[bytes] = []  # frames sent, not yet written
         self._writing: asyncio.Task[None] | None = None  # the last write of queued frames
+        self._write_begun = False  # that write's task has run (a write not done then waits)
         self._failed: BaseException | None = None  # why that write failed (the client left)
         self._closed = False
         self._broken: Exception | None = None  # why the timer could not open the stream
@@ -128,25 +131,29 @@ class KeptAliveStream:
 
     def send(self, frame: bytes) -> Awaitable[None] | None:
         """Queue `frame`; the frames queued before the handler next waits go out as one write.
-        Returns the earlier write when it is still waiting for the client to read (await it:
+        Returns the earlier write when it is waiting for the client to read (await it:
         backpressure), else None. Raises what broke an earlier write."""
         if self._failed is not None:
             raise self._failed
         self._last = self._loop.time()
         self._pending.append(frame)
-        if len(self._pending) == 1:
-            self._loop.call_soon(self._write_pending)
         writing = self._writing
         if writing is None or writing.done():
+            self._write_begun = False
+            self._writing = self._loop.create_task(self._write_queued())
             return None
+        if not self._write_begun:
+            return None  # that write has not begun (the handler has not waited): it takes this
+        # A write that began and is not done waits for the client to take its bytes.
         self._awaited, self._awaited_since = writing, self._last
         return writing
 
     async def finish(self, frame: bytes = b"") -> None:
         """Write the queued frames and `frame` after any write in flight, and end the
         response, in one write (the last chunk and the chunked body's terminator)."""
-        if self._writing is not None and not self._writing.done():
-            await self._writing
+        writing = self._writing
+        if writing is not None and self._write_begun and not writing.done():
+            await writing  # a write that has not begun finds its frames taken, and ends
         if self._failed is not None:
             raise self._failed
         self._pending.append(frame)
@@ -156,16 +163,15 @@ class KeptAliveStream:
         self._writing = self._awaited = self._loop.create_task(self._response.write_eof(data))
         await self._writing
 
-    def _write_pending(self) -> None:
-        if self._closed or not self._pending:
-            return
-        data = b"".join(self._pending)
-        self._pending.clear()
-        self._writing = self._loop.create_task(self._write_queued(data))
-
-    async def _write_queued(self, data: bytes) -> None:
+    async def _write_queued(self) -> None:
+        """Write every frame queued by the time this task runs (and any queued while it waits
+        for the client), in as few writes as that allows."""
+        self._write_begun = True
         try:
-            await self._response.write(data)
+            while self._pending and not self._closed:
+                data = b"".join(self._pending)
+                self._pending.clear()
+                await self._response.write(data)
         except Exception as exc:  # the client left: the next send raises it to the handler
             self._failed = exc
 

@@ -121,3 +121,32 @@ async def test_a_stream_with_nothing_to_say_gets_its_headers_from_the_timer(
     first, last = writes
     assert first.startswith(b"HTTP/1.1 200") and first.endswith(OPENING + b"\r\n")
     assert last.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+
+
+async def test_the_frames_of_one_upstream_read_leave_in_one_write(writes: list[bytes]) -> None:
+    """As the pipeline sends an answer: every frame of one read is sent, waiting whenever
+    `send` says a write is waiting for the client; then the next read. A write that has yet
+    to begin is not waited for (that would split the read's frames into several writes)."""
+    reads = [[f"data: {r}.{i}\n\n".encode() for i in range(5)] for r in range(3)]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = EventStreamResponse(headers={"Content-Type": "text/event-stream"})
+        stream = KeptAliveStream(request, response, _Encoder(), KeepAlive(headers_after_s=60))
+        try:
+            await stream.open()
+            for n, frames in enumerate(reads):
+                if n:
+                    await asyncio.sleep(0)  # the next read
+                for frame in frames:
+                    if (busy := stream.send(frame)) is not None:
+                        await busy
+            await stream.finish(b"data: [DONE]\n\n")
+        finally:
+            await stream.close()
+        return response
+
+    body = await _body(handler)
+    assert body == OPENING + b"".join(b"".join(frames) for frames in reads) + b"data: [DONE]\n\n"
+    assert len(writes) == len(reads)  # the last read's frames leave with the end of the body
+    for frames, write in zip(reads, writes, strict=True):
+        assert all(frame in write for frame in frames)
