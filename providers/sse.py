@@ -44,7 +44,17 @@ class SSEParser:
             self._partial.append(rest)
         events: list[SSEEvent] = []
         for line in lines:
-            self._line(line, events)
+            # The lines nearly every upstream sends, inline; `_line` for the rest.
+            if line.startswith(b"data: ") and not line.endswith(b"\r"):
+                text = line[6:].decode("utf-8", "replace")
+                self._data = text if self._data is None else self._data + "\n" + text
+            elif not line:
+                if self._data is not None:
+                    events.append(SSEEvent(self._data, self._event or "message"))
+                    self._data = None
+                self._event = None
+            else:
+                self._line(line, events)
         return events
 
     def flush(self) -> list[SSEEvent]:

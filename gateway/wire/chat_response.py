@@ -63,6 +63,7 @@ class ChatStreamEncoder:
         }
         self._include_usage = include_usage
         self._sent_role = False
+        self._delta_frames: dict[str, tuple[bytes, bytes] | None] = {}
         self._finish: FinishReason | None = None
         self._usage: Usage | None = None
         self._args_seen: dict[int, bool] = {}
@@ -88,6 +89,26 @@ class ChatStreamEncoder:
         }
         return sse({**self._head, "choices": [choice]})
 
+    def _text_chunk(self, field: str, text: str) -> bytes:
+        """`_chunk({field: text})` once the role is out, built from the frame's bytes around
+        its text (one JSON string encoded per chunk instead of the whole chunk)."""
+        if not self._sent_role:
+            return self._chunk({field: text})
+        if field in self._delta_frames:
+            around = self._delta_frames[field]
+        else:
+            around = self._delta_frames[field] = self._around(field)
+        if around is None:
+            return self._chunk({field: text})
+        return around[0] + jsoncodec.dumps(text) + around[1]
+
+    def _around(self, field: str) -> tuple[bytes, bytes] | None:
+        """The bytes of a `{field: ...}` delta chunk before and after its text (None if the
+        marker standing for the text were found elsewhere in the chunk too)."""
+        marker = "\x00text\x00"
+        parts = self._chunk({field: marker}).split(jsoncodec.dumps(marker))
+        return (parts[0], parts[1]) if len(parts) == 2 else None
+
     def start(self) -> bytes:
         """The first chunk: role only (sent with the headers)."""
         return self._chunk({"content": ""})
@@ -97,9 +118,11 @@ class ChatStreamEncoder:
 
     def encode(self, event: Event) -> bytes | None:
         if isinstance(event, TextDelta):
+            if event.logprobs is None:
+                return self._text_chunk("content", event.text)
             return self._chunk({"content": event.text}, logprobs=event.logprobs)
         if isinstance(event, ReasoningDelta):
-            return self._chunk({"reasoning_content": event.text})
+            return self._text_chunk("reasoning_content", event.text)
         if isinstance(event, ToolCallDelta):
             return self._chunk({"tool_calls": [self._tool_fragment(event)]})
         if isinstance(event, Usage):

@@ -68,3 +68,40 @@ def test_empty_data_line_is_an_event_and_comments_are_not() -> None:
 def test_multi_line_data_round_trips(lines: list[str]) -> None:
     frame = "".join(f"data: {line}\r\n" for line in lines) + "\r\n"
     assert parse_pieces([b": keep-alive\n\n", frame.encode()]) == [SSEEvent("\n".join(lines))]
+
+
+def reference(stream: bytes) -> list[SSEEvent]:
+    """The format's rules, written out plainly (the whole stream at once, then flushed)."""
+    events: list[SSEEvent] = []
+    data: list[str] | None = None
+    name: str | None = None
+    for raw in stream.split(b"\n"):
+        line = raw[:-1] if raw.endswith(b"\r") else raw
+        if not line:
+            if data is not None:
+                events.append(SSEEvent("\n".join(data), name or "message"))
+            data, name = None, None
+        elif not line.startswith(b":"):
+            field, _, value = line.partition(b":")
+            value = value[1:] if value.startswith(b" ") else value
+            if field == b"data":
+                data = [*(data or []), value.decode("utf-8", "replace")]
+            elif field == b"event":
+                name = value.decode("utf-8", "replace")
+    if data is not None:
+        events.append(SSEEvent("\n".join(data), name or "message"))
+    return events
+
+
+LINES = st.sampled_from(
+    [b"data: x", b"data:y", b"data:  two spaces", b"data: \xc3\xa9", b"data: a\r", b"data:",
+     b"", b"\r", b": comment", b"event: ping", b"event:e\r", b"id: 1", b"retry: 5", b"datax: no"]
+)  # fmt: skip
+
+
+@given(st.lists(LINES, max_size=30), st.lists(st.integers(min_value=0, max_value=400)))
+def test_any_lines_cut_anywhere_follow_the_rules(lines: list[bytes], cuts: list[int]) -> None:
+    stream = b"\n".join(lines) + b"\n"
+    points = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    pieces = [stream[a:b] for a, b in zip(points, points[1:], strict=False)]
+    assert parse_pieces(pieces) == reference(stream)
