@@ -49,6 +49,8 @@ def median_burst(rounds: Rounds, label: str, level: Level) -> Burst:
         med(lambda b: b.mock_cpu_ms) or 0.0,
         med(lambda b: b.load_cpu_ms) or 0.0,
         tuple(statistics.median(b.process_cpu_ms[i] for b in bursts) for i in range(width)),
+        med(lambda b: b.gateway_reads),
+        med(lambda b: b.gateway_writes),
     )
 
 
@@ -56,6 +58,7 @@ def print_table(rounds: Rounds, paths: Sequence[str], levels: Sequence[Level]) -
     print(
         f"\n{'path':8} {'conc':>4} {'mode':6} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'added p50':>10} {'gw cpu ms/req':>14} {'redis cpu ms/req':>17} {'req/s vs direct':>16}"
+        f" {'gw reads/writes per req':>24}"
     )
     for label in paths:
         for level in levels:
@@ -68,9 +71,15 @@ def print_table(rounds: Rounds, paths: Sequence[str], levels: Sequence[Level]) -
             added_s = f"{statistics.median(added):10.3f}" if added else ""
             cpu = "" if b.gateway_cpu_ms is None else f"{b.gateway_cpu_ms:14.3f}"
             ratio = b.rps / median_burst(rounds, "direct", level).rps
+            calls = (
+                ""
+                if b.gateway_reads is None or b.gateway_writes is None
+                else f"{b.gateway_reads:.2f} / {b.gateway_writes:.2f}"
+            )
             print(
                 f"{label:8} {level.concurrency:4d} {level.mode:6} {b.rps:9.0f} {b.p50_ms:8.3f} "
                 f"{b.p99_ms:8.3f} {added_s:>10} {cpu:>14} {b.redis_cpu_ms:17.3f} {ratio:16.2f}"
+                f" {calls:>24}"
             )
 
 

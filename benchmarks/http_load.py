@@ -33,6 +33,23 @@ def own_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def io_calls(pids: list[int]) -> tuple[int, int]:
+    """(read-like, write-like) system calls made so far by `pids` together, from
+    /proc/<pid>/io (its syscr and syscw: read(2) and write(2) calls, which is how libuv, under
+    uvloop, reads and writes sockets; send(2) and recv(2) are not counted); nothing for a
+    process with no such file or one that cannot be read."""
+    reads = writes = 0
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/io").read_text().splitlines()
+        except OSError:
+            continue
+        counts = dict(line.split(": ", 1) for line in lines if ": " in line)
+        reads += int(counts.get("syscr", 0))
+        writes += int(counts.get("syscw", 0))
+    return reads, writes
+
+
 def process_tree(pid: int) -> list[int]:
     """`pid` and its live descendants (the supervisor and workers of `server.workers > 1`)."""
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
@@ -97,6 +114,10 @@ class Burst:
     mock_cpu_ms: float = 0.0  # the upstream that answered
     load_cpu_ms: float = 0.0  # the load generator
     process_cpu_ms: tuple[float, ...] = ()  # the gateway's, process by process (supervisor first)
+    # The gateway's read and write system calls per request (None on the direct path): a
+    # request's frames split over more writes than its reads show up here first.
+    gateway_reads: float | None = None
+    gateway_writes: float | None = None
 
     @property
     def total_cpu_ms(self) -> float:
@@ -204,6 +225,7 @@ class Bench:
         mock_pids = self._upstreams.stream_pids if level.stream else self._upstreams.json_pids
         gateway = process_tree(path.pid) if path.pid else []
         cpu0 = [own_cpu_seconds(p) for p in gateway]
+        io0 = io_calls(gateway)
         mock0 = sum(map(cpu_seconds, mock_pids))
         redis0 = await _redis_cpu_seconds(self._redis)
         n, elapsed, p50, p99, load_cpu = await self._send(
@@ -215,7 +237,20 @@ class Bench:
             (own_cpu_seconds(p) - c) / n * 1000 for p, c in zip(gateway, cpu0, strict=True)
         )
         cpu = sum(each) if path.pid else None
-        return Burst(n / elapsed, p50, p99, cpu, redis_cpu, mock_cpu, load_cpu / n * 1000, each)
+        io1 = io_calls(gateway)
+        reads, writes = ((a - b) / n for a, b in zip(io1, io0, strict=True))
+        return Burst(
+            n / elapsed,
+            p50,
+            p99,
+            cpu,
+            redis_cpu,
+            mock_cpu,
+            load_cpu / n * 1000,
+            each,
+            reads if path.pid else None,
+            writes if path.pid else None,
+        )
 
     def _count(self, level: Level) -> int:
         return max(200, self._requests // 4) if level.concurrency == 1 else self._requests

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 
 from benchmarks import wrk_load
 from benchmarks.gateway_procs import Nginx, mock_answer, request_body
-from benchmarks.http_load import cpu_jiffies, stolen_share
+from benchmarks.http_load import cpu_jiffies, io_calls, stolen_share
 from tests.mock_upstream import MockUpstream
 
 needs_nginx = pytest.mark.skipif(not Nginx.available(), reason="nginx is not installed")
@@ -77,3 +79,18 @@ def test_the_stolen_share_is_read_off_the_machines_cpu_times() -> None:
     assert 0 <= stolen <= total
     assert stolen_share((10, 1000), (30, 1100)) == pytest.approx(0.2)
     assert stolen_share((10, 1000), (10, 1000)) == 0.0  # no time passed
+
+
+def test_io_calls_count_a_processs_socket_writes_and_reads() -> None:
+    """The counts `gateway_overhead.py` prints per request: one write(2) on a socket is one
+    write, one read(2) one read (as libuv, under uvloop, writes and reads); a process that is
+    gone counts nothing."""
+    left, right = socket.socketpair()
+    with left, right:
+        reads0, writes0 = io_calls([os.getpid()])
+        for _ in range(5):
+            os.write(left.fileno(), b"x")
+            os.read(right.fileno(), 1)
+        reads1, writes1 = io_calls([os.getpid()])
+    assert writes1 - writes0 >= 5 and reads1 - reads0 >= 5
+    assert io_calls([2**22 + 1]) == (0, 0)
