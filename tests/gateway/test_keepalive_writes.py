@@ -150,3 +150,40 @@ async def test_the_frames_of_one_upstream_read_leave_in_one_write(writes: list[b
     assert len(writes) == len(reads)  # the last read's frames leave with the end of the body
     for frames, write in zip(reads, writes, strict=True):
         assert all(frame in write for frame in frames)
+
+
+async def test_a_slow_reader_gets_every_frame_in_order() -> None:
+    """Frames far beyond the transport's buffer, one per upstream read: the handler waits for
+    the writes the client has yet to take, and every frame arrives once, in order."""
+    frames = [b"data: %d %s\n\n" % (i, b"x" * 60_000) for i in range(400)]
+    waits = 0
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal waits
+        response = EventStreamResponse(headers={"Content-Type": "text/event-stream"})
+        stream = KeptAliveStream(request, response, _Encoder(), KeepAlive(headers_after_s=60))
+        try:
+            await stream.open()
+            for frame in frames:
+                await asyncio.sleep(0)  # one upstream read per frame
+                if (busy := stream.send(frame)) is not None:
+                    waits += 1
+                    await busy
+            await stream.finish(b"data: [DONE]\n\n")
+        finally:
+            await stream.close()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    received = bytearray()
+    async with (
+        TestServer(app, host="127.0.0.1") as server,
+        aiohttp.ClientSession() as session,
+        session.get(server.make_url("/")) as resp,
+    ):
+        async for piece in resp.content.iter_chunked(256 * 1024):
+            received += piece
+            await asyncio.sleep(0.002)  # a reader slower than the writer
+    assert bytes(received) == OPENING + b"".join(frames) + b"data: [DONE]\n\n"
+    assert waits > 0  # the writer was held back by the reader
