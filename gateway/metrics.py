@@ -1,11 +1,15 @@
-"""Prometheus metrics, one registry per app (no process-global collectors)."""
+"""Prometheus metrics, one registry per app (no process-global collectors).
+
+The gateway's own series are `gateway/metric_types.py`'s: plain numbers updated on the event
+loop, rendered by prometheus_client at scrape time."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gateway.metric_types import Counter, CounterChild, Gauge, Histogram, HistogramChild
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -14,12 +18,12 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 class RequestSeries:
     """The labelled children one finished request updates (looked up once per label set)."""
 
-    requests: Any
-    latency: Any
-    ttft: Any
-    prompt_tokens: Any
-    completion_tokens: Any
-    cached_tokens: Any
+    requests: CounterChild
+    latency: HistogramChild
+    ttft: HistogramChild
+    prompt_tokens: CounterChild
+    completion_tokens: CounterChild
+    cached_tokens: CounterChild
 
 
 class Metrics:
@@ -81,8 +85,8 @@ class Metrics:
         )
 
     def series(self, endpoint: str, model: str, provider: str, status: str) -> RequestSeries:
-        """The children for one label set, cached: `labels()` costs a lock and a dict build on
-        every call, and the label sets are bounded (models are counted by `Router.label`)."""
+        """The children for one label set, cached (the label sets are bounded: models are
+        counted by `Router.label`)."""
         key = (endpoint, model, provider, status)
         found = self._series.get(key)
         if found is None:
