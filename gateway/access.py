@@ -11,15 +11,16 @@ QuotaExceeded), which the error middleware renders as OpenAI error JSON.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 from gateway.errors import PermissionDenied
 from gateway.routing.policy import DEFAULT_POLICY, KeyPolicy
+from providers.record import record
 from providers.types import Usage
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Principal:
     """An authenticated caller. `models` None means every model. `credential` is the access
     control's own handle on the presented secret (e.g. its digest), never the secret itself.
@@ -42,7 +43,7 @@ def require_model(principal: Principal, model: str) -> None:
         raise PermissionDenied(message, param="model", code="model_not_allowed")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Ticket:
     """What admission needs to know before the provider is called."""
 
@@ -59,7 +60,7 @@ class Ticket:
         return self.model if self.label is None else self.label
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Grant:
     """An admitted request. `max_tokens` may be lower than asked when the budget is nearly spent
     (the stream then ends with finish_reason "length"). `headers` are the x-ratelimit-* headers."""
@@ -71,7 +72,7 @@ class Grant:
     token: str = ""  # the implementation's handle for settle (e.g. a concurrency slot id)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Outcome:
     """What actually happened, for settlement and the usage record."""
 

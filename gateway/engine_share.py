@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -48,10 +47,11 @@ from gateway.settings import Settings
 from providers.base import Provider
 from providers.engine_client import ServedEngine
 from providers.local import LocalProvider
+from providers.record import record
 from providers.shared_engine import ENGINE_PATH, EngineInfo, SharedLocalProvider, open_shared_local
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EngineShare:
     """Worker 0's engine as the internal endpoint serves it (an `EngineHost`)."""
 

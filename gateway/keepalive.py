@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 from aiohttp import web
+
+from providers.record import record
 
 log = structlog.get_logger("gateway.keepalive")
 
@@ -49,7 +50,7 @@ class KeepAliveEncoder(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KeepAlive:
     headers_after_s: float = 2.0
     interval_s: float = 5.0

@@ -5,16 +5,15 @@ loop, rendered by prometheus_client at scrape time."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.metric_types import Counter, CounterChild, Gauge, Histogram, HistogramChild
+from providers.record import record
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestSeries:
     """The labelled children one finished request updates (looked up once per label set)."""
 

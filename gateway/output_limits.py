@@ -12,13 +12,13 @@ keeps the key within its limits.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from gateway.routing import Route
 from gateway.settings import ModelSettings
+from providers.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class OutputPlan:
     reserve: int  # completion tokens admission reserves
     limit: int | None  # the client's max_tokens, else the model's default_max_tokens

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from providers.record import record
 from providers.types import ChatRequest, Event
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ModelCard:
     id: str
     owned_by: str

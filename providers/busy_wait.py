@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass
+
+from providers.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Spin:
     """Poll instead of sleeping for up to `seconds` after an answer is awaited, while at most
     `max_waiting` answers are awaited (seconds 0: always sleep)."""

@@ -26,7 +26,7 @@ import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from backend.text.tokenizer import Tokenizer
 from providers.base import ModelCard
 from providers.errors import UpstreamUnavailable
 from providers.local import LocalProvider
+from providers.record import record
 from providers.remote_engine import SECRET_HEADER, RemoteEngine
 from providers.types import ChatRequest, EngineFit, Event, PreparedPrompt, ProviderLoad
 
@@ -50,7 +51,7 @@ _ROOT = "http://localhost"  # the host part of URLs on a unix socket
 _STAT_FIELDS = tuple(f.name for f in fields(EngineStats))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EngineInfo:
     """What worker 0 says of its engine: where its checkpoint is, its limits, its prefix-cache
     hash chain (block size and seed), and its stats."""

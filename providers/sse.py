@@ -10,10 +10,10 @@ caller decides what it means.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from providers.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SSEEvent:
     data: str
     event: str = "message"

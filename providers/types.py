@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from providers.record import record
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ToolCall:
     """A complete tool call in a message of the history (or in a final answer)."""
 
@@ -23,7 +25,7 @@ class ToolCall:
     arguments: str  # JSON text, "{}" when the call has no arguments
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Message:
     """One message of the conversation.
 
@@ -69,7 +71,7 @@ class Message:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Tool:
     """A function tool the model may call. `parameters` is a JSON schema."""
 
@@ -78,7 +80,7 @@ class Tool:
     parameters: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Sampling:
     """Sampling parameters; None means "the provider's or model's default"."""
 
@@ -99,7 +101,7 @@ class Sampling:
     max_reasoning_tokens: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PreparedPrompt:
     """A prompt tokenized once, off the event loop, by the provider that will serve it (its
     `owner`), and carried forward: the router reads its length, admission reserves by it, the
@@ -122,7 +124,7 @@ class PreparedPrompt:
         return len(self.ids)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProviderLoad:
     """How busy a provider is now, for routing: requests `waiting` for a slot, `running` of
     `slots`, and the longest prompt plus output it can hold (`max_context`)."""
@@ -137,7 +139,7 @@ class ProviderLoad:
         return max(0, self.running + self.waiting + 1 - self.slots)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EngineFit:
     """Where a prepared prompt would run now, for the router's local-or-upstream choice:
     `peer` None is this process's engine, else the cluster node the placer would forward it to
@@ -166,7 +168,7 @@ class RouteTrace:
     placement: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ChatRequest:
     """A normalized chat request.
 
@@ -203,13 +205,13 @@ class ChatRequest:
 # ---- events a provider yields, in order -------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TextDelta:
     text: str
     logprobs: list[dict[str, Any]] | None = None  # OpenAI-shaped logprob entries, when asked
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ReasoningDelta:
     """`signature`: the provider's own signature of the reasoning block this delta ends
     (Anthropic's), carried back to Messages clients; None from every other provider."""
@@ -218,7 +220,7 @@ class ReasoningDelta:
     signature: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ToolCallDelta:
     """A fragment of tool call number `index`.
 
@@ -231,7 +233,7 @@ class ToolCallDelta:
     arguments_fragment: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -262,7 +264,7 @@ def token_count(value: object) -> int:
     return int(number)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Finish:
     """`stop_sequence`: the stop string that ended the output, where the provider says which."""
 

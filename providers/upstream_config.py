@@ -9,12 +9,13 @@ map one to one; the remaining fields keep their defaults unless the gateway has 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from providers.openai_wire import ThinkingStyle
+from providers.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class UpstreamConfig:
     """`models`: the model ids `models()` lists without asking the upstream (empty: ask)."""
 

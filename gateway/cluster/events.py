@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from backend.engine.block_hash import HASH_SIZE, block_hash
 from backend.engine.blocks import BlockEvicted, BlockStored
+from providers.record import record
 
 _STORED, _EVICTED, _CLEARED = b"S", b"E", b"C"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AllBlocksCleared:
     """Everything the node had cached is gone (it restarted)."""
 

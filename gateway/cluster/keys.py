@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+
+from providers.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClusterKeys:
     prefix: str
 
@@ -28,7 +30,7 @@ class ClusterKeys:
         return f"{self.prefix}cluster:node:{node}:snapshot"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NodeRecord:
     """What a node publishes under its liveness key: where to reach it, which model cache it
     holds (`cache_root`: hex of its hash chain root, so only nodes of one checkpoint and block

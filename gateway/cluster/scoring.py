@@ -13,19 +13,19 @@ block holding the prompt's last token (the engine always computes that one).
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 from gateway.cluster.index import HolderLookup, longest_prefixes
+from providers.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Weights:
     waiting_cost_tokens: float = 512.0
     running_token_weight: float = 0.02
     forward_cost_tokens: float = 64.0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NodeLoad:
     """What a node publishes beside its liveness."""
 
@@ -34,7 +34,7 @@ class NodeLoad:
     free_blocks: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Placement:
     """The routing decision for one prompt, for the route explanation."""
 

@@ -26,7 +26,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from redis.asyncio import Redis
@@ -43,6 +43,7 @@ from gateway.keys.script_batch import Arg, Script, ScriptBatcher
 from gateway.keys.store import KeySpace, lua, text
 from gateway.keys.usage import RECORD_FIELDS, UsageEntry
 from providers.busy_wait import BusyWait
+from providers.record import record
 
 _WINDOW_MS = 60_000
 _DAY_SPENT_TTL_MS = 2 * 86_400_000
@@ -53,7 +54,7 @@ KEEP_MS = 7 * 86_400_000
 _NAMES_KEPT = 10_000  # keys whose Redis key names are kept built
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _KeyNames:
     """One key's Redis key names on one UTC day; `rpm` and `tpm` still want the minute."""
 
@@ -73,7 +74,7 @@ def _result(reply: Any) -> Any:
     return reply
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Admission:
     max_tokens: int
     reserved_tokens: int
@@ -81,7 +82,7 @@ class Admission:
     headers: dict[str, str]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Settlement:
     """One request's settlement, as sent to Redis and as kept in the spool (JSON)."""
 

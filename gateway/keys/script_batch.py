@@ -45,6 +45,7 @@ from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from providers.busy_wait import BusyWait
+from providers.record import record
 
 Arg = str | int | bytes
 # The raw reply, or the exception the call failed with -> the caller's result (or it raises).
@@ -67,7 +68,7 @@ class Unsent(RedisConnectionError):
     """The call never reached Redis: it had no effect there."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Script:
     source: str
     sha: str

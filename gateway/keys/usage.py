@@ -9,7 +9,6 @@ Settlement (one Lua script, see `limiter.py`) adds per request:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +17,7 @@ from redis.asyncio import Redis
 from gateway.access import Grant, Outcome
 from gateway.keys.records import UsageQuery
 from gateway.keys.store import KeySpace, text
+from providers.record import record
 
 METRICS = (
     "requests",
@@ -59,7 +59,7 @@ def day_of(moment: datetime) -> str:
     return moment.astimezone(UTC).date().isoformat()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class UsageEntry:
     """What one settled request adds: counter increments for its UTC day and a stream record."""
 

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from gateway.errors import NotFound
 from gateway.settings import ModelSettings, RoutingMode
 from providers.base import ModelCard, Provider
+from providers.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Route:
     provider: Provider
     model: str

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
 
 from gateway.errors import PermissionDenied
 from gateway.routing.aliases import Route
@@ -34,10 +33,11 @@ from gateway.routing.policy import KeyPolicy
 from gateway.routing.sticky import Stickiness, conversation_id, is_follow_up
 from gateway.routing_settings import RoutingSettings
 from gateway.settings import RoutingMode
+from providers.record import record
 from providers.types import ChatRequest
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RoutingInput:
     request: ChatRequest  # normalized; `thinking` is the client's explicit switch (or None)
     protocol: str  # chat | completions | responses | messages
@@ -49,7 +49,7 @@ class RoutingInput:
     prompt_tokens: int  # the prepared prompt's (exact where a route prepared it)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Decision:
     routes: tuple[Route, ...]  # in the order to try
     thinking: bool | None  # None: per route (its forced mode, else the client's switch)

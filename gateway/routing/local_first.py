@@ -21,11 +21,11 @@ was prepared: no hashing and no I/O here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from gateway.routing.aliases import Route
 from gateway.routing_settings import RoutingSettings
+from providers.record import record
 from providers.types import EngineFit, PreparedPrompt, ProviderLoad
 
 LoadChoice = Literal["none", "local", "prefix", "queue", "context"]
@@ -43,7 +43,7 @@ class LocalEngine(Protocol):
     def fit(self, prompt: PreparedPrompt) -> EngineFit: ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Order:
     routes: tuple[Route, ...]  # in the order to try
     choice: LoadChoice = "none"

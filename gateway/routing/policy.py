@@ -10,14 +10,15 @@ the model decides. `max_reasoning_tokens` caps reasoning (enforced exactly by th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
+
+from providers.record import record
 
 ThinkingPolicy = Literal["off", "auto", "on", "client"]
 ProviderPolicy = Literal["local", "any"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KeyPolicy:
     thinking: ThinkingPolicy = "client"
     max_reasoning_tokens: int | None = None

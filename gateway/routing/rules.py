@@ -8,14 +8,14 @@ explained as `rule:<name>@<version>`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Literal
 
 from gateway.routing_settings import RuleSettings
+from providers.record import record
 from providers.types import ChatRequest
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Rule:
     name: str
     version: int

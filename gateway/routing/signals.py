@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
 from gateway.routing.phrases import PhraseIndex
+from providers.record import record
 from providers.types import ChatRequest
 
 SIGNALS = (
@@ -125,7 +125,7 @@ _MARKERS = (*_KINDS, _STACK_TRACE, _REASONING_ASK, _EASY)  # in the order of the
 _PHRASES = PhraseIndex(m.phrases for m in _MARKERS)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Signals:
     values: tuple[float, ...]  # in the order of SIGNALS
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
 from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.errors import InvalidRequest
 from gateway.wire.bounds import OutputTokens
 from gateway.wire.chat_request import validate_body
+from providers.record import record
 from providers.types import ChatRequest, Message, Role, Sampling, Tool, ToolCall
 
 _IGNORE = ConfigDict(extra="ignore")
@@ -51,7 +51,7 @@ def decode_reasoning(blob: str) -> str | None:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ToolName:
     """A tool as the client named it: a flat function, or one inside a `namespace` tool."""
 
@@ -59,7 +59,7 @@ class ToolName:
     namespace: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ParsedResponses:
     chat: ChatRequest
     echo: dict[str, Any]  # request fields the response object repeats
