@@ -8,11 +8,18 @@ chunk size) never reach the application or its middleware: aiohttp answers them 
 middleware's one renderer. The connection is closed after such an answer, as aiohttp does.
 An HTTP error aiohttp raises after parsing but before the app's middleware (an `Expect` other
 than `100-continue`) is rendered the same way, in the shape of the path's protocol.
+
+Requests to a fixed path (every API endpoint but `/v1/models/{model}`) skip aiohttp's URL
+dispatch: `HotRoutes` looks the method and path up in one dict built when the app froze, and
+calls the route's handler inside the app's middleware, with the match info aiohttp's router
+would have made (made once per route; a fixed path matches nothing). Anything else (a request
+with `Expect`, another method, a dynamic path, a miss) takes aiohttp's own dispatch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import structlog
@@ -28,6 +35,7 @@ from aiohttp.http_exceptions import (
     TransferEncodingError,
 )
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_urldispatcher import MatchedSubAppResource, PlainResource, UrlMappingMatchInfo
 
 from gateway.appkeys import SETTINGS
 from gateway.errors import GatewayError, GatewayTimeout, InvalidRequest
@@ -117,6 +125,43 @@ def _shaped(handle: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]) 
     return handler
 
 
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class HotRoutes:
+    """(method, path) -> (match info, handler wrapped in the app's middleware), for the
+    top-level app's fixed-path routes."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+        self._table: dict[tuple[str, str], tuple[UrlMappingMatchInfo, _Handler]] = {}
+        resources = list(app.router.resources())
+        if any(isinstance(r, MatchedSubAppResource) for r in resources):
+            return  # a domain-matched sub-app is resolved before any path: keep aiohttp's order
+        for resource in resources:
+            if not isinstance(resource, PlainResource):
+                continue
+            for route in resource:
+                key = (route.method, resource.canonical)
+                if route.method == "*" or key in self._table:
+                    continue  # any-method routes, and later duplicates, resolve as aiohttp does
+                info = UrlMappingMatchInfo({}, route)
+                info.add_app(app)
+                info.freeze()
+                handler: Any = route.handler
+                for middleware in reversed(app.middlewares):
+                    handler = partial(middleware, handler=handler)
+                self._table[key] = (info, handler)
+
+    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+        found = self._table.get((request.method, request.rel_url.path_safe))
+        if found is None or "Expect" in request.headers:
+            return await self._app._handle(request)  # type: ignore[arg-type]
+        info, handler = found
+        request._match_info = info  # type: ignore[attr-defined]
+        return await handler(request)  # type: ignore[arg-type]
+
+
 class _ShapedErrorServer(web.Server):
     def __call__(self) -> RequestHandler:
         return _ShapedErrorHandler(self, loop=self._loop, **self._kwargs)
@@ -133,9 +178,9 @@ class GatewayRunner(web.AppRunner):
         super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
+        server = await super()._make_server()  # the app is frozen by now
         return _ShapedErrorServer(
-            _shaped(server.request_handler),
+            _shaped(HotRoutes(self._app)),
             request_factory=server.request_factory,
             handler_cancellation=server.handler_cancellation,
             **server._kwargs,
