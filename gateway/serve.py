@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import Callable
 
@@ -41,6 +42,7 @@ async def run_server(settings: Settings, *, worker: int = 0, reuse_port: bool = 
         unix_path.unlink(missing_ok=True)  # left by a process that was killed
         await web.UnixSite(runner, str(unix_path)).start()
         log.info("listening", unix_socket=str(unix_path))
+    settle_heap(settings.server.gc_young_threshold)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -50,6 +52,15 @@ async def run_server(settings: Settings, *, worker: int = 0, reuse_port: bool = 
         log.info("shutting_down", grace_period_s=settings.server.grace_period_s, worker=worker)
     finally:
         await runner.cleanup()
+
+
+def settle_heap(young_threshold: int) -> None:
+    """Freeze what startup built out of the collector's scans; collect the young generation
+    every `young_threshold` net allocations (`server.gc_young_threshold`)."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(young_threshold, middle, old)
 
 
 def serve_process(settings: Settings, *, worker: int = 0, reuse_port: bool = False) -> None:
