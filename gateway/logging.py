@@ -15,6 +15,7 @@ from typing import TextIO
 
 import structlog
 
+from gateway import log_context
 from gateway.redact import redact_event
 from gateway.settings import LoggingSettings
 
@@ -54,6 +55,7 @@ def configure_logging(
         else structlog.dev.ConsoleRenderer(colors=False)
     )
     shared: list[structlog.typing.Processor] = [
+        log_context.merge,
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

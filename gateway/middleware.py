@@ -19,6 +19,7 @@ from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestPayloadError
 from redis.exceptions import RedisError
 
+from gateway import log_context
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -77,8 +78,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     incoming = request.headers.get("x-request-id", "")
     request_id = incoming if _SAFE_ID.match(incoming) else new_request_id()
     request[REQUEST_ID] = request_id
-    structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id)
+    log_context.begin(request_id=request_id)
     started = time.perf_counter()
     status = 500
     try:

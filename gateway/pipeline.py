@@ -19,6 +19,7 @@ from functools import partial
 import structlog
 from aiohttp import web
 
+from gateway import log_context
 from gateway.access import AccessControl, Grant, Outcome, Principal, Ticket
 from gateway.errors import GatewayError, ServiceUnavailable, provider_error_to_gateway
 from gateway.event_tally import Tally, empty, prepend, without_reasoning
@@ -80,7 +81,7 @@ class Pipeline:
             )
         except perr.ProviderError as exc:  # the prompt could not be prepared
             raise provider_error_to_gateway(exc) from None
-        structlog.contextvars.bind_contextvars(key_id=principal.key_id, model=public_model)
+        log_context.bind(key_id=principal.key_id, model=public_model)
         num_prompt = prompt_tokens(chat)
         output = self.limits.plan(
             public_model, decision.routes, num_prompt, chat.sampling.max_tokens
@@ -237,9 +238,7 @@ class Pipeline:
     def _opened(self, decision: Decision, route: Route, tally: Tally) -> None:
         tally.route = route
         self.planner.count(decision, route)
-        structlog.contextvars.bind_contextvars(
-            provider=route.provider_name, route_model=route.model
-        )
+        log_context.bind(provider=route.provider_name, route_model=route.model)
 
     async def _stream(
         self,
