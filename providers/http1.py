@@ -42,6 +42,8 @@ from providers.http1_connection import (
 
 __all__ = ["ConnectTimeout", "Http1Error", "Http1Pool", "Http1Response", "Http1Timeout"]
 
+_MAX_HEADS = 64  # request heads kept per pool; others are built per request
+
 
 def _by_lower_name(
     base: Mapping[str, str] | Mapping[str, tuple[str, str]], extra: Mapping[str, str]
@@ -86,12 +88,28 @@ class Http1Pool:
         self._fixed = _by_lower_name(
             {"Host": authority, "Accept": "*/*", "User-Agent": "deepseek-gateway"}, headers
         )
+        self._heads: dict[tuple[object, ...], bytes] = {}
         self._connect_timeout_s = connect_timeout_s
         self._limit = max_connections
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()  # connected, in use or idle
         self._slot_waiters: list[asyncio.Future[None]] = []
         self._connecting = 0  # connects under way (they count against the limit)
+
+    def _head(self, path: str, headers: Mapping[str, str]) -> bytes:
+        """The request's bytes up to its Content-Length value, kept for the few (path, headers)
+        a provider sends (a path, and an account's key where it has several)."""
+        key = (path, *headers.items())
+        head = self._heads.get(key)
+        if head is None:
+            merged = _by_lower_name(self._fixed, headers) if headers else self._fixed
+            lines = [f"POST {path} HTTP/1.1"]
+            lines.extend(f"{name}: {value}" for name, value in merged.values())
+            lines.append("Content-Length: ")
+            head = "\r\n".join(lines).encode("latin-1")
+            if len(self._heads) < _MAX_HEADS:
+                self._heads[key] = head
+        return head
 
     def path_of(self, url: str) -> str:
         """The request target of an absolute `url` on this origin."""
@@ -101,11 +119,7 @@ class Http1Pool:
     async def post(
         self, path: str, headers: Mapping[str, str], body: bytes, deadline: float
     ) -> Http1Response:
-        merged = _by_lower_name(self._fixed, headers) if headers else self._fixed
-        lines = [f"POST {path} HTTP/1.1"]
-        lines.extend(f"{name}: {value}" for name, value in merged.values())
-        lines.append(f"Content-Length: {len(body)}\r\n\r\n")
-        request = "\r\n".join(lines).encode("latin-1") + body
+        request = b"%s%d\r\n\r\n%s" % (self._head(path, headers), len(body), body)
         conn = self._idle_connection() or await self._connection_by(deadline)
         try:
             return await self._send(conn, request, deadline)

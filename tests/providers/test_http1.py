@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from providers import busy_wait
+from providers import busy_wait, http1
 from providers.busy_wait import BusyWait, Spin
 from providers.http1 import ConnectTimeout, Http1Error, Http1Pool, Http1Timeout
 
@@ -122,6 +122,32 @@ async def test_a_header_given_per_request_replaces_the_pools_whatever_its_case(
     assert b"Bearer account-2" in seen[0] and b"Bearer pool" not in seen[0]
     with pytest.raises(ValueError):
         await pool.post("/x", {"X-Evil": "a\r\nHost: other"}, b"", soon())
+
+
+async def test_each_request_carries_its_own_path_headers_and_length_beyond_the_kept_heads(
+    pools: list[Http1Pool],
+) -> None:
+    seen: list[tuple[str, dict[str, str], bytes]] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while not reader.at_eof():
+            try:
+                seen.append(await read_request(reader))
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(answer(b"{}"))
+
+    sent = []
+    async with RawServer(handler) as url:
+        pool = pool_for(pools, url, Authorization="Bearer pool")
+        for i in range(2 * http1._MAX_HEADS):  # more (path, headers) pairs than are kept
+            account = {"Authorization": f"Bearer account-{i % 3}"} if i % 2 else {}
+            path, body = f"/v1/p{i % 70}", b"x" * (i % 5)
+            resp = await pool.post(path, account, body, soon())
+            await resp.read()
+            resp.close()
+            sent.append((path, account.get("Authorization", "Bearer pool"), body))
+    assert [(line.split()[1], h["authorization"], b) for line, h, b in seen] == sent
 
 
 async def test_chunked_streams_arrive_as_they_are_sent(pools: list[Http1Pool]) -> None:
