@@ -172,10 +172,14 @@ def start_gateway(
     workers: int = 1,
     stand_ins: str = "",
     busy_wait_us: int | None = None,
+    *,
+    tree: Path = ROOT,
+    cpus: str | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """`bench` routes to the JSON upstream at `json_url`, `bench-stream` to `stream_url`.
     `stand_ins`: parts of the keyed path replaced as `benchmarks/stand_ins.py` says (one worker).
-    `busy_wait_us`: `[server] busy_wait_us` (None: the default)."""
+    `busy_wait_us`: `[server] busy_wait_us` (None: the default). `tree`: the source tree that
+    serves (another checkout, for a comparison). `cpus`: a taskset CPU list to pin it to."""
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "bench.toml"
     busy_wait = "" if busy_wait_us is None else f"busy_wait_us = {busy_wait_us}"
@@ -205,10 +209,11 @@ routes = [{{ provider = "json", model = "echo-chunks-{chunks}" }}]
 [models."{STREAM_MODEL}"]
 routes = [{{ provider = "stream", model = "echo-chunks-{chunks}" }}]
 """)
-    env = {**os.environ, "GATEWAY_USE_PRESETS": "false"}
+    env = {**os.environ, "GATEWAY_USE_PRESETS": "false", "PYTHONPATH": str(tree)}
     launcher = ["-m", "benchmarks.stand_ins", stand_ins] if stand_ins else ["-m", "gateway"]
+    pin = ["taskset", "-c", cpus] if cpus is not None else []
     proc = subprocess.Popen(
-        [sys.executable, *launcher, "serve", "--config", str(config)], cwd=ROOT, env=env
+        [*pin, sys.executable, *launcher, "serve", "--config", str(config)], cwd=tree, env=env
     )
     return proc, f"http://127.0.0.1:{port}"
 
