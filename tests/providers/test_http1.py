@@ -52,6 +52,20 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[str, dict[str, str
     return line, headers, body
 
 
+def recording(seen: list[tuple[str, dict[str, str], bytes]], reply: bytes) -> Handler:
+    """A handler that records every request of its connection in `seen` and answers `reply`."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while not reader.at_eof():
+            try:
+                seen.append(await read_request(reader))
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(reply)
+
+    return handler
+
+
 def soon(seconds: float = 5.0) -> float:
     """A deadline `seconds` from now, in loop time."""
     return asyncio.get_running_loop().time() + seconds
@@ -81,16 +95,9 @@ def pool_for(pools: list[Http1Pool], url: str, limit: int = 8, **headers: str) -
 
 async def test_post_sends_the_body_and_reuses_the_connection(pools: list[Http1Pool]) -> None:
     seen: list[tuple[str, dict[str, str], bytes]] = []
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while not reader.at_eof():
-            try:
-                seen.append(await read_request(reader))
-            except asyncio.IncompleteReadError:
-                return
-            writer.write(answer(b'{"ok": true}', "Content-Type: application/json; charset=utf-8"))
-
-    server = RawServer(handler)
+    server = RawServer(
+        recording(seen, answer(b'{"ok": true}', "Content-Type: application/json; charset=utf-8"))
+    )
     async with server as url:
         pool = pool_for(pools, url, Authorization="Bearer k")
         for i in range(3):
@@ -128,17 +135,8 @@ async def test_each_request_carries_its_own_path_headers_and_length_beyond_the_k
     pools: list[Http1Pool],
 ) -> None:
     seen: list[tuple[str, dict[str, str], bytes]] = []
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while not reader.at_eof():
-            try:
-                seen.append(await read_request(reader))
-            except asyncio.IncompleteReadError:
-                return
-            writer.write(answer(b"{}"))
-
     sent = []
-    async with RawServer(handler) as url:
+    async with RawServer(recording(seen, answer(b"{}"))) as url:
         pool = pool_for(pools, url, Authorization="Bearer pool")
         for i in range(2 * http1._MAX_HEADS):  # more (path, headers) pairs than are kept
             account = {"Authorization": f"Bearer account-{i % 3}"} if i % 2 else {}
