@@ -8,12 +8,17 @@ import asyncio
 
 from aiohttp import web
 
-from gateway.errors import RequestTimeout
+from gateway.errors import PayloadTooLarge, RequestTimeout
 
 
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
-    if request.content.is_eof():  # it all came with the head: nothing to wait for, no timer
-        return await request.read()
+    """The whole body, once (it is not kept for a second read)."""
+    content = request.content
+    if content.is_eof():  # it all came with the head: taken as it lies, no timer, no await
+        raw = content.read_nowait()
+        if len(raw) > request.client_max_size:  # a chunked body, whose size nothing declared
+            raise PayloadTooLarge("The request body is too large.")
+        return raw
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()

@@ -164,3 +164,35 @@ async def test_a_declared_length_beyond_the_limit_is_413_before_any_body(
     }
     answer = await exchange(gateway.root, request_bytes("POST", path, headers), deadline_s=5)
     assert_openai_error(answer, 413)
+
+
+def _chunked(body: bytes, size: int) -> bytes:
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+async def test_a_chunked_body_is_held_to_the_limit_that_declares_no_length(
+    mock_upstream: MockUpstream, redis_prefix: str
+) -> None:
+    """A body with no Content-Length that arrives whole with its head, and one that does not:
+    beyond `max_body_bytes` each is a 413, within it each is served."""
+    settings = gateway_settings(
+        mock_upstream, redis_prefix, server={"max_body_bytes": 4096}, auth={"enabled": False}
+    )
+    runner, root = await start_gateway(settings)
+    try:
+        headers: dict[str, bytes | str] = {
+            "Content-Type": "application/json",
+            "Transfer-Encoding": "chunked",
+        }
+        small = json.dumps(CHAT).encode()
+        big = json.dumps({**CHAT, "user": "u" * 6000}).encode()
+        for body, status in ((small, 200), (big, 413)):
+            raw = request_bytes("POST", "/v1/chat/completions", headers, _chunked(body, 1000))
+            answer = await exchange(root, raw)
+            if status == 200:
+                assert answer.status == 200, answer.body[:300]
+            else:
+                assert assert_openai_error(answer, 413)["code"] == "payload_too_large"
+    finally:
+        await runner.cleanup()
