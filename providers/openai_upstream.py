@@ -194,7 +194,7 @@ class OpenAIUpstream:
                     raise failure
                 if ended:
                     if chunk:
-                        await self._drain(resp)
+                        await self._drain(resp, reads)
                     return
         finally:
             reads.close()
@@ -215,12 +215,13 @@ class OpenAIUpstream:
         except Http1Error as exc:
             raise self._broken(exc) from exc
 
-    async def _drain(self, resp: Http1Response) -> None:
-        """After `[DONE]`: reads to the end of the body, so the connection can be reused."""
+    async def _drain(self, resp: Http1Response, reads: ReadDeadline) -> None:
+        """After `[DONE]`: reads to the end of the body within `_DRAIN_TIMEOUT_S` (on the
+        response's one read timer), so the connection can be reused."""
+        deadline = asyncio.get_running_loop().time() + _DRAIN_TIMEOUT_S
         try:
-            async with asyncio.timeout(_DRAIN_TIMEOUT_S):
-                while await resp.readany():
-                    pass
+            while await reads.read(resp.readany(), deadline):
+                pass
         except (TimeoutError, Http1Error):
             pass  # the connection is closed instead
 

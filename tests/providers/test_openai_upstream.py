@@ -372,6 +372,41 @@ async def test_requests_share_one_kept_alive_connection(
     assert first.peer == second.peer
 
 
+async def test_a_body_left_open_after_done_ends_the_stream_and_its_connection(
+    make: Factory,
+) -> None:
+    """`[DONE]` then nothing (the chunked body never ends): the answer is complete, the rest of
+    the body is awaited for at most a second, and the connection is not used again."""
+    peers: list[object] = []
+    frame = {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
+    sse = f"data: {json.dumps(frame)}\n\ndata: [DONE]\n\n".encode()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peers.append(writer.get_extra_info("peername"))
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(sse), sse)
+            )
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        provider = make(base_url=f"http://127.0.0.1:{port}/v1")
+        loop = asyncio.get_running_loop()
+        for _ in range(2):
+            started = loop.time()
+            events = await collect(provider, chat("echo"))
+            assert text_of(events) == "hi" and isinstance(events[-1], Finish)
+            assert 0.9 < loop.time() - started < 5
+        assert len(peers) == 2  # each answer's connection was closed, not reused
+    finally:
+        server.close()
+
+
 async def test_models_and_health(make: Factory, mock_upstream: MockUpstream) -> None:
     provider = make()
     cards = await provider.models()
