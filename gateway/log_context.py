@@ -1,9 +1,9 @@
 """The fields every log line of a request carries (request_id, key_id, model, provider, ...).
 
-One context variable holds one dict per request: `begin` gives a new request its own dict (a
-connection's requests run one after another in one task, so nothing of the previous request's
-is left to clear), `bind` adds to it in place, and `merge`, a structlog processor, adds the
-fields to each line that is written. Work the request started in tasks of their own (its
+One context variable holds one dict per request: `begin` gives a new request its own dict (so
+nothing of an earlier request's is left to clear, whichever task ran it), `bind` adds to it in
+place, and `merge`, the structlog processor `gateway/logging.py` installs, adds the fields to
+each line that is written. Work the request started in tasks of their own (its
 settlement, a keep-alive timer) shares the dict, so what it binds shows on the request's later
 lines too. Cheaper than structlog's contextvars (one variable per key, and a scan of the whole
 context to clear them) on a path that logs nothing at the default level.

@@ -1,6 +1,6 @@
 """structlog setup: JSON lines in production, console in development; per-request context is
-bound with `structlog.contextvars` by the middleware. Never log secrets or prompt text; URL
-credentials are masked in every logged string.
+bound with `gateway.log_context` by the middleware and the pipeline. Never log secrets or prompt
+text; URL credentials are masked in every logged string.
 
 One stream: the standard library's records (the engine in `backend/` logs through `logging`,
 with its facts in `extra`) go through the same renderer, so in JSON mode every line is JSON and
@@ -56,7 +56,6 @@ def configure_logging(
     )
     shared: list[structlog.typing.Processor] = [
         log_context.merge,
-        structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
