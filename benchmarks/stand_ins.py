@@ -57,25 +57,26 @@ def _instant_settlement(
 
 
 def _unsent_settlements() -> None:
-    """Settlement scripts are packed as for the wire, then answered at once."""
+    """Settlements are packed as for the wire (each a batch of one), then answered at once."""
     settle_sha = script_batch.Script.of(lua("settle.lua")).sha
-    run = script_batch.ScriptBatcher.run
+    run_item = script_batch.ScriptBatcher.run_item
 
     def packed_only(
         self: script_batch.ScriptBatcher,
-        script: script_batch.Script,
+        script: script_batch.BatchedScript,
         keys: Sequence[str],
         args: Sequence[script_batch.Arg],
         parse: script_batch.Parse | None = None,
         *,
         at_once: bool = False,
     ) -> asyncio.Future[Any]:
-        if script.sha != settle_sha:
-            return run(self, script, keys, args, parse, at_once=at_once)
-        pack_command(("EVALSHA", script.sha, len(keys), *keys, *args))
+        if script.script.sha != settle_sha:
+            return run_item(self, script, keys, args, parse, at_once=at_once)
+        indices = range(1, len(keys) + 1)
+        pack_command(("EVALSHA", settle_sha, len(keys), *keys, *script.head, 1, *indices, *args))
         return _done(1)
 
-    script_batch.ScriptBatcher.run = packed_only  # type: ignore[method-assign]
+    script_batch.ScriptBatcher.run_item = packed_only  # type: ignore[method-assign]
 
 
 def replace(parts: set[str]) -> None:

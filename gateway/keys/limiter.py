@@ -1,7 +1,10 @@
 """Admission and settlement against a key's budget, rate limits and concurrency cap.
 
-Each is one Lua script (one Redis round trip), so concurrent requests on any number of replicas
-can never over-admit. Rules:
+Each runs in a Lua script (atomic in Redis), so concurrent requests on any number of replicas can
+never over-admit. The admissions a process makes in one event-loop tick go to Redis as one script
+call, which decides each in turn exactly as separate calls would, reading once what they share
+and writing it once (about half of Redis's CPU per request at 64 clients); so do its
+settlements. Rules:
   - admission reserves the worst case, prompt + max_tokens, against the budget (spent plus
     in-flight reservations), the TPM window and the concurrency cap, and counts the request in
     the RPM window. When the budget left is smaller than that but larger than the prompt, the
@@ -39,7 +42,7 @@ from gateway.errors import (
     QuotaExceeded,
     RateLimited,
 )
-from gateway.keys.script_batch import Arg, Script, ScriptBatcher
+from gateway.keys.script_batch import Arg, BatchedScript, Script, ScriptBatcher
 from gateway.keys.store import KeySpace, lua, text
 from gateway.keys.usage import RECORD_FIELDS, UsageEntry
 from providers.busy_wait import BusyWait
@@ -130,12 +133,14 @@ class Limiter:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._space = space
-        self._maxlen = usage_stream_maxlen
         self.lease_ms = int(slot_lease_s * 1000)
         self._clock = clock
         self._scripts = ScriptBatcher(redis, timeout_s=timeout_s, busy=busy)
-        self._admit = Script.of(lua("admit.lua"))
-        self._settle = Script.of(lua("settle.lua"))
+        self._admit = BatchedScript(Script.of(lua("admit.lua")), (self.lease_ms, KEEP_MS))
+        self._settle = BatchedScript(
+            Script.of(lua("settle.lua")),
+            (_DAY_SPENT_TTL_MS, _MONTH_SPENT_TTL_MS, usage_stream_maxlen),
+        )
         self._release = Script.of(lua("release.lua"))
         self._renew = Script.of(lua("renew.lua"))
         # Reservation tokens: unique across replicas (a random prefix per process) and cheap.
@@ -198,17 +203,7 @@ class Limiter:
         n = self._names(key_id, now_s)
         keys = [n.key, n.slots, n.held, f"{n.rpm}{minute}", f"{n.tpm}{minute}", *n.spent, n.gone]
         prompt, wanted = max(prompt_tokens, 0), max(max_tokens, 1)
-        args: list[Arg] = [
-            now_ms,
-            token,
-            prompt,
-            wanted,
-            self.lease_ms,
-            reset_ms,
-            digest,
-            model,
-            KEEP_MS,
-        ]
+        args: list[Arg] = [now_ms, token, prompt, wanted, reset_ms, digest, model]
 
         def parse(reply: Any) -> Any:
             if not isinstance(reply, BaseException):
@@ -218,7 +213,7 @@ class Limiter:
                     reply = refused
             return then(reply)
 
-        return self._scripts.run(self._admit, keys, args, parse, at_once=at_once)
+        return self._scripts.run_item(self._admit, keys, args, parse, at_once=at_once)
 
     def settle(self, settlement: Settlement, *, at_once: bool = False) -> asyncio.Future[int]:
         """Release the reservation, charge the tokens used, record the usage entry; the tokens
@@ -243,16 +238,13 @@ class Limiter:
             settlement.reserved,
             max(settlement.used, 0),
             entry.day,
-            _DAY_SPENT_TTL_MS,
-            _MONTH_SPENT_TTL_MS,
-            self._maxlen,
             len(entry.counters),
         ]
         for field, increment in entry.counters.items():
             args += (field, increment)
         record = entry.record
         args += [record.get(field, "") for field in RECORD_FIELDS]
-        return self._scripts.run(self._settle, keys, args, at_once=at_once)
+        return self._scripts.run_item(self._settle, keys, args, at_once=at_once)
 
     async def release(self, key_id: str, token: str) -> bool:
         """Undo an admission the gateway gave up on, or bar it from landing later; True when

@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from gateway.app import create_app
 from gateway.appkeys import PIPELINE
 from gateway.http_server import GatewayRunner
-from gateway.keys import script_batch
+from gateway.keys import script_channel
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
 from gateway.settings import Settings
@@ -266,11 +266,11 @@ def script_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many script calls each write to Redis carried (`_Channel.send`), in order; a test
     clears it after its set-up calls."""
     writes: list[int] = []
-    send = script_batch._Channel.send
+    send = script_channel.Channel.send
 
     def counting(channel: Any, calls: Any) -> None:
         writes.append(len(calls))
         send(channel, calls)
 
-    monkeypatch.setattr(script_batch._Channel, "send", counting)
+    monkeypatch.setattr(script_channel.Channel, "send", counting)
     return writes

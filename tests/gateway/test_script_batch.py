@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.keys.script_batch import Script, ScriptBatcher
+from gateway.keys.script_batch import BatchedScript, Script, ScriptBatcher
 from providers import busy_wait
 from providers.busy_wait import BusyWait, Spin
 from tests.gateway.conftest import REDIS_URL, PrivateRedis, closed_port
@@ -271,3 +271,87 @@ async def _settled(counts: list[int], within_s: float = 10.0) -> int:
         if len(counts) == seen:
             return seen
         assert asyncio.get_running_loop().time() < deadline, "the spin did not stop"
+
+
+# Items: ARGV[1] a factor shared by the batch, ARGV[2] n, then per item (key index, amount);
+# each item's reply is {its new value, how many keys the call was passed}.
+ADD = BatchedScript(
+    Script.of("""
+local out, pos = {}, 3
+for i = 1, tonumber(ARGV[2]) do
+  local amount = tonumber(ARGV[pos + 1]) * tonumber(ARGV[1])
+  out[i] = {redis.call('INCRBY', KEYS[tonumber(ARGV[pos])], amount), #KEYS}
+  pos = pos + 2
+end
+return out
+"""),
+    head=(10,),
+    max_items=20,
+)
+
+
+async def test_items_of_one_tick_share_one_call_naming_each_key_once(
+    batcher: ScriptBatcher, redis: Redis, script_writes: list[int]
+) -> None:
+    a, b = f"test:{uuid.uuid4().hex}", f"test:{uuid.uuid4().hex}"
+    try:
+        await batcher.run_item(ADD, [a], [0])  # the script is in the server's cache now
+        script_writes.clear()
+        replies = await asyncio.gather(
+            *(batcher.run_item(ADD, [a if i % 3 else b], [1]) for i in range(30)),
+            batcher.run(INCR, [a], [1000]),
+        )
+        # 30 items in two calls of at most 20, and the plain call after them, in one write.
+        assert script_writes == [3]
+        totals = {a: 0, b: 0}
+        expected = []
+        for i in range(30):
+            totals[a if i % 3 else b] += 10
+            expected.append([totals[a if i % 3 else b], 2])
+        assert replies[:30] == expected
+        assert replies[30] == int(await redis.get(a) or 0) == 1000 + 10 * 20
+    finally:
+        await redis.delete(a, b)
+
+
+async def test_a_failing_batch_fails_each_of_its_items_and_nothing_else(
+    batcher: ScriptBatcher, key: str
+) -> None:
+    bad = BatchedScript(Script.of("return redis.call('NO_SUCH_COMMAND')"))
+    short = BatchedScript(Script.of("return {1}"))  # one reply for two items
+    results = await asyncio.gather(
+        batcher.run(INCR, [key], [2]),
+        batcher.run_item(bad, [key], [1]),
+        batcher.run_item(bad, [key], [1]),
+        batcher.run_item(short, [key], []),
+        batcher.run_item(short, [key], []),
+        batcher.run(INCR, [key], [1]),
+        return_exceptions=True,
+    )
+    assert (results[0], results[5]) == (2, 3)
+    assert all(isinstance(r, ResponseError) for r in results[1:3])
+    assert all(isinstance(r, RedisError) for r in results[3:5])
+
+
+async def test_a_batched_script_unknown_to_the_server_is_sent_again_as_eval(
+    batcher: ScriptBatcher,
+) -> None:
+    fresh = BatchedScript(Script.of(f"return {{ARGV[2], '{uuid.uuid4().hex}'}}"), head=(7,))
+    first, second = await asyncio.gather(
+        batcher.run_item(fresh, [], []), batcher.run_item(fresh, [], [])
+    )
+    assert first == b"2" and second == fresh.script.source.split("'")[1].encode()
+
+
+async def test_a_lone_item_goes_at_once_and_a_closed_batcher_refuses_items(
+    redis: Redis, key: str, script_writes: list[int]
+) -> None:
+    scripts = ScriptBatcher(redis)
+    await scripts.run_item(ADD, [key], [1])
+    script_writes.clear()
+    alone = scripts.run_item(ADD, [key], [1], at_once=True)
+    assert script_writes == [1]
+    assert await alone == [20, 1]
+    await scripts.aclose()
+    with pytest.raises(RedisConnectionError):
+        await scripts.run_item(ADD, [key], [1])

@@ -1,68 +1,135 @@
--- Settle one request: release its slot and reservation, charge what it used (never more than
--- was reserved, never past the budget), give unused tokens back to its TPM window, and record
--- its usage (daily counters and the capped usage stream). Idempotent by request token: a
--- settlement applies only while its slot is held, or once after its lease lapsed and the slot
--- was swept (noted in the gone hash); a retry of one already applied changes nothing.
--- KEYS: 1 key:{id} hash, 2 slots zset, 3 held hash, 4 tpm window of admission,
---       5 spent (all), 6 spent (day), 7 spent (month), 8 usage day hash, 9 usage days set,
---       10 usage stream, 11 gone hash
--- ARGV: 1 request token, 2 reserved tokens, 3 used tokens (prompt + completion), 4 UTC day,
---       5 ttl of a day's spent counter (ms), 6 ttl of a month's (ms), 7 stream maxlen,
---       8 n, then n pairs (counter field, increment), then the stream entry's values in the
---       order of its fields below (usage.RECORD_FIELDS). Flat rather than JSON (decoding JSON
---       was a quarter of this script's cost), and values only: every argument costs.
--- Returns the tokens charged against the budget, or -1 when this settlement was applied before.
-local token, reserved, used = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+-- Settle a batch of requests, one after the other: for each, release its slot and reservation,
+-- charge what it used (never more than was reserved, never past the budget), give unused
+-- tokens back to its TPM window, and record its usage (daily counters and the capped usage
+-- stream). Idempotent by request token: a settlement applies only while its slot is held, or
+-- once after its lease lapsed and the slot was swept (noted in the gone hash); a retry of one
+-- already applied, in this batch or before, changes nothing. What several settlements of a
+-- batch read (a key's budget, its spent counter) is read once, and the counters they add to
+-- are written once at the end.
+-- KEYS: every key the batch names, once each.
+-- ARGV: 1 ttl of a day's spent counter (ms), 2 ttl of a month's (ms), 3 stream maxlen, 4 n,
+--   then per settlement: the indices into KEYS of its 1 key:{id} hash, 2 slots zset, 3 held
+--   hash, 4 tpm window of admission, 5 spent (all), 6 spent (day), 7 spent (month), 8 usage day
+--   hash, 9 usage days set, 10 usage stream, 11 gone hash; then 12 request token, 13 reserved
+--   tokens, 14 used tokens (prompt + completion), 15 UTC day, 16 c, then c pairs (counter
+--   field, increment), then the stream entry's values in the order of its fields below
+--   (usage.RECORD_FIELDS). Flat rather than JSON (decoding JSON was a quarter of this script's
+--   cost), and values only: every argument costs.
+-- Returns, per settlement, the tokens charged against the budget, or -1 when it had been
+-- applied before.
+local day_ttl, month_ttl, maxlen, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 
-if redis.call('ZREM', KEYS[2], token) == 1 then
-  local amount = redis.call('HGET', KEYS[3], token)
-  if amount then
-    redis.call('HINCRBY', KEYS[3], '_sum', -tonumber(amount))
-    redis.call('HDEL', KEYS[3], token)
-  end
-elseif redis.call('HGET', KEYS[11], token) == 'lapsed' then
-  redis.call('HDEL', KEYS[11], token)
-else
-  return -1
-end
+-- Written once at the end (by key name).
+local held_add, held_gone, window_add, spent_add, counters, days = {}, {}, {}, {}, {}, {}
+-- Read once per batch, then kept as the batch changes them (by key name).
+local budgets, spent, spent_ttl = {}, {}, {}
 
-local charge = math.min(used, reserved)
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  redis.call('INCRBY', KEYS[4], charge - reserved)
-end
-local f = redis.call('HMGET', KEYS[1], 'budget', 'period')
-local budget = tonumber(f[1])
-if budget then
-  local spent_key, ttl = KEYS[5], 0
-  if f[2] == 'day' then
-    spent_key, ttl = KEYS[6], tonumber(ARGV[5])
-  elseif f[2] == 'month' then
-    spent_key, ttl = KEYS[7], tonumber(ARGV[6])
+local function key_budget(name)  -- {budget or false, period or false}
+  local f = budgets[name]
+  if not f then
+    local got = redis.call('HMGET', name, 'budget', 'period')
+    f = {tonumber(got[1]) or false, got[2] or false}
+    budgets[name] = f
   end
-  local current = redis.call('GET', spent_key)
-  local spent = tonumber(current) or 0
-  charge = math.max(0, math.min(charge, budget - spent))
-  redis.call('INCRBY', spent_key, charge)
-  if ttl > 0 and not current then  -- a period's counter gets its TTL once, when it starts
-    redis.call('PEXPIRE', spent_key, ttl)
-  end
-else
-  charge = 0
+  return f
 end
 
-local counters = tonumber(ARGV[8])
-for i = 9, 8 + 2 * counters, 2 do
-  redis.call('HINCRBY', KEYS[8], ARGV[i], ARGV[i + 1])
+local function settle(k, pos)
+  local token, reserved, used = ARGV[pos], tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
+  if redis.call('ZREM', k[2], token) == 1 then
+    local amount = redis.call('HGET', k[3], token)
+    if amount then
+      held_add[k[3]] = (held_add[k[3]] or 0) - tonumber(amount)
+      local gone = held_gone[k[3]] or {}
+      held_gone[k[3]] = gone
+      gone[#gone + 1] = token
+    end
+  elseif redis.call('HGET', k[11], token) == 'lapsed' then
+    redis.call('HDEL', k[11], token)
+  else
+    return -1
+  end
+
+  local charge = math.min(used, reserved)
+  window_add[k[4]] = (window_add[k[4]] or 0) + charge - reserved
+  local f = key_budget(k[1])
+  local budget = f[1]
+  if budget then
+    local spent_key, ttl = k[5], 0
+    if f[2] == 'day' then
+      spent_key, ttl = k[6], day_ttl
+    elseif f[2] == 'month' then
+      spent_key, ttl = k[7], month_ttl
+    end
+    local current = spent[spent_key]
+    if not current then
+      local got = redis.call('GET', spent_key)
+      -- a period's counter gets its TTL once, when it starts
+      spent_ttl[spent_key] = (ttl ~= 0 and not got) and ttl or false
+      current = tonumber(got) or 0
+    end
+    charge = math.max(0, math.min(charge, budget - current))
+    spent[spent_key] = current + charge
+    spent_add[spent_key] = (spent_add[spent_key] or 0) + charge
+  else
+    charge = 0
+  end
+
+  local c = tonumber(ARGV[pos + 4])
+  local day_counters = counters[k[8]] or {}
+  counters[k[8]] = day_counters
+  for i = pos + 5, pos + 4 + 2 * c, 2 do
+    day_counters[ARGV[i]] = (day_counters[ARGV[i]] or 0) + tonumber(ARGV[i + 1])
+  end
+  local day_set = days[k[9]] or {}
+  days[k[9]] = day_set
+  day_set[ARGV[pos + 3]] = true
+  local r = pos + 4 + 2 * c
+  redis.call('XADD', k[10], 'MAXLEN', maxlen, '*', 'charged_tokens', charge,
+             'ts', ARGV[r + 1], 'request_id', ARGV[r + 2], 'key_id', ARGV[r + 3],
+             'model', ARGV[r + 4], 'provider', ARGV[r + 5], 'route_model', ARGV[r + 6],
+             'thinking', ARGV[r + 7], 'route_reason', ARGV[r + 8], 'route', ARGV[r + 9],
+             'prompt_tokens', ARGV[r + 10], 'completion_tokens', ARGV[r + 11],
+             'reasoning_tokens', ARGV[r + 12], 'cached_tokens', ARGV[r + 13],
+             'max_tokens', ARGV[r + 14], 'reserved_tokens', ARGV[r + 15],
+             'latency_ms', ARGV[r + 16], 'ttft_ms', ARGV[r + 17], 'status', ARGV[r + 18],
+             'error_code', ARGV[r + 19])
+  return charge
 end
-redis.call('SADD', KEYS[9], ARGV[4])
-local r = 8 + 2 * counters
-redis.call('XADD', KEYS[10], 'MAXLEN', ARGV[7], '*', 'charged_tokens', charge,
-           'ts', ARGV[r + 1], 'request_id', ARGV[r + 2], 'key_id', ARGV[r + 3],
-           'model', ARGV[r + 4], 'provider', ARGV[r + 5], 'route_model', ARGV[r + 6],
-           'thinking', ARGV[r + 7], 'route_reason', ARGV[r + 8], 'route', ARGV[r + 9],
-           'prompt_tokens', ARGV[r + 10], 'completion_tokens', ARGV[r + 11],
-           'reasoning_tokens', ARGV[r + 12], 'cached_tokens', ARGV[r + 13],
-           'max_tokens', ARGV[r + 14], 'reserved_tokens', ARGV[r + 15],
-           'latency_ms', ARGV[r + 16], 'ttft_ms', ARGV[r + 17], 'status', ARGV[r + 18],
-           'error_code', ARGV[r + 19])
-return charge
+
+local replies, pos = {}, 5
+for i = 1, n do
+  local k = {}
+  for j = 1, 11 do
+    k[j] = KEYS[tonumber(ARGV[pos + j - 1])]
+  end
+  replies[i] = settle(k, pos + 11)
+  pos = pos + 11 + 5 + 2 * tonumber(ARGV[pos + 15]) + 19
+end
+
+for held, amount in pairs(held_add) do
+  redis.call('HINCRBY', held, '_sum', amount)
+  redis.call('HDEL', held, unpack(held_gone[held]))
+end
+for window, amount in pairs(window_add) do
+  if amount ~= 0 and redis.call('EXISTS', window) == 1 then
+    redis.call('INCRBY', window, amount)
+  end
+end
+for name, amount in pairs(spent_add) do
+  redis.call('INCRBY', name, amount)
+  if spent_ttl[name] then
+    redis.call('PEXPIRE', name, spent_ttl[name])
+  end
+end
+for day_hash, fields in pairs(counters) do
+  for field, amount in pairs(fields) do
+    redis.call('HINCRBY', day_hash, field, amount)
+  end
+end
+for day_set, members in pairs(days) do
+  for day in pairs(members) do
+    redis.call('SADD', day_set, day)
+  end
+end
+return replies
