@@ -29,7 +29,10 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 ROOT = Path(__file__).resolve().parents[1]
-REDIS_URL = "redis://127.0.0.1:6379/0"
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gateway_procs import REDIS_URL  # noqa: E402
+from benchmarks.side_by_side import print_per_tree  # noqa: E402
 
 # Run in each tree's own process (its code on sys.path): admissions and settlements.
 _DRIVER = """
@@ -122,14 +125,7 @@ def report(args: argparse.Namespace, per_tree: list[list[float]]) -> None:
         f"Redis CPU per keyed request (admission + settlement), {args.tasks} concurrent, "
         f"{args.rounds} rounds of {args.requests} requests"
     )
-    base = per_tree[0]
-    for tree, figures in zip(args.trees, per_tree, strict=True):
-        rounds = " ".join(f"{x:.1f}" for x in figures)
-        print(f"{str(tree):40s} {statistics.median(figures):8.1f} us  ({rounds})")
-        if figures is not base:
-            ratios = [b / a for a, b in zip(base, figures, strict=True)]
-            spread = " ".join(f"{r:.3f}" for r in ratios)
-            print(f"{'':40s} ratio median {statistics.median(ratios):.3f}  ({spread})")
+    print_per_tree(args.trees, per_tree, "us", 1)
     print(json.dumps({"medians_us": [statistics.median(f) for f in per_tree]}))
 
 

@@ -127,10 +127,16 @@ def report(args: argparse.Namespace, trees: list[Path], cpu: list[list[float]]) 
         f"{args.cpu}, {args.rounds} rounds of {args.seconds:g} s"
     )
     print(f"{'tree':40s} {'CPU/req median':>15s}  per round (ms); ratio to the first tree")
-    base = cpu[0]
-    for tree, figures in zip(trees, cpu, strict=True):
-        rounds = " ".join(f"{x:.3f}" for x in figures)
-        print(f"{str(tree):40s} {statistics.median(figures):12.3f} ms  {rounds}")
+    print_per_tree(trees, cpu, "ms", 3)
+
+
+def print_per_tree(trees: list[Path], per_tree: list[list[float]], unit: str, digits: int) -> None:
+    """Each tree's median and per-round figures; each later tree's per-round ratio to the
+    first tree's, and their median."""
+    base = per_tree[0]
+    for tree, figures in zip(trees, per_tree, strict=True):
+        rounds = " ".join(f"{x:.{digits}f}" for x in figures)
+        print(f"{str(tree):40s} {statistics.median(figures):12.{digits}f} {unit}  {rounds}")
         if figures is not base:
             ratios = [b / a for a, b in zip(base, figures, strict=True)]
             spread = " ".join(f"{r:.3f}" for r in ratios)
