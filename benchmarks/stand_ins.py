@@ -72,9 +72,10 @@ def _unsent_settlements() -> None:
     ) -> asyncio.Future[Any]:
         if script.script.sha != settle_sha:
             return run_item(self, script, keys, args, parse, at_once=at_once)
-        indices = range(1, len(keys) + 1)
-        pack_command(("EVALSHA", settle_sha, len(keys), *keys, *script.head, 1, *indices, *args))
-        return _done(1)
+        done = _done(1)
+        item = script_batch.Item(keys, args, done, None)
+        pack_command(script_batch.batch_call(script, [item], done).command)
+        return done
 
     script_batch.ScriptBatcher.run_item = packed_only  # type: ignore[method-assign]
 

@@ -49,7 +49,16 @@ from gateway.keys.script_channel import Arg, Call, Channel, Parse, Script, Unsen
 from providers.busy_wait import BusyWait
 from providers.record import record
 
-__all__ = ["Arg", "BatchedScript", "Parse", "Script", "ScriptBatcher", "Unsent"]
+__all__ = [
+    "Arg",
+    "BatchedScript",
+    "Item",
+    "Parse",
+    "Script",
+    "ScriptBatcher",
+    "Unsent",
+    "batch_call",
+]
 
 
 @record
@@ -64,7 +73,7 @@ class BatchedScript:
 
 
 @dataclass(slots=True)
-class _Item:
+class Item:
     """One caller's part of a batched call."""
 
     keys: Sequence[str]
@@ -73,7 +82,7 @@ class _Item:
     parse: Parse | None
 
 
-def _fan_out(items: Sequence[_Item], reply: Any) -> None:
+def _fan_out(items: Sequence[Item], reply: Any) -> None:
     """A batched call's reply (or failure) handed to its items, each its own."""
     if not isinstance(reply, BaseException) and (
         not isinstance(reply, list) or len(reply) != len(items)
@@ -83,7 +92,7 @@ def _fan_out(items: Sequence[_Item], reply: Any) -> None:
         resolve(item, reply if isinstance(reply, BaseException) else reply[i])
 
 
-def batch_call(script: BatchedScript, items: Sequence[_Item], future: asyncio.Future[Any]) -> Call:
+def batch_call(script: BatchedScript, items: Sequence[Item], future: asyncio.Future[Any]) -> Call:
     """One call of `script` for `items`: KEYS every key they name once; ARGV the script's
     head, the number of items, then per item the indices (1-based) of its keys, its args."""
     index: dict[str, int] = {}
@@ -105,7 +114,7 @@ class _Batch:
     """A batched script's items of one loop tick, in the queue where the first came."""
 
     script: BatchedScript
-    items: list[_Item]
+    items: list[Item]
     loop: asyncio.AbstractEventLoop
 
     def call(self) -> Call:
@@ -173,7 +182,7 @@ class ScriptBatcher:
         channel = self._channel
         loop = channel.loop if channel is not None and channel.open else None
         loop = loop or asyncio.get_running_loop()
-        item = _Item(keys, args, loop.create_future(), parse)
+        item = Item(keys, args, loop.create_future(), parse)
         if self._closed:
             resolve(item, Unsent("The script connection is closed."))
             return item.future
