@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import InvalidRequest
 from gateway.thinking_signature import is_gateway_signature
+from gateway.wire.bounds import INT32_MAX, OutputTokens
 from gateway.wire.chat_request import validate_body
 from providers.types import ChatRequest, Message, Sampling, Tool, ToolCall
 
@@ -51,7 +52,7 @@ Trust = Callable[[str, str], bool]
 class _Thinking(BaseModel):
     model_config = _IGNORE
     type: Literal["enabled", "disabled", "adaptive", "auto"]
-    budget_tokens: int | None = Field(default=None, ge=1)
+    budget_tokens: OutputTokens | None = None
 
 
 class _ToolChoice(BaseModel):
@@ -83,12 +84,12 @@ class CountTokensBody(BaseModel):
 
 
 class MessagesBody(CountTokensBody):
-    max_tokens: int = Field(ge=1)
+    max_tokens: OutputTokens
     stream: bool = False
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
     metadata: _Metadata | None = None
 
 

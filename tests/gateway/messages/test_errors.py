@@ -71,6 +71,17 @@ async def test_every_error_in_anthropic_shape(gw: MessagesGateway) -> None:
             },
             "budget_tokens",
         ),
+        ({"model": "echo-model", "max_tokens": 2**60, "messages": USER}, "max_tokens"),
+        (
+            {
+                "model": "echo-model",
+                "max_tokens": 5,
+                "messages": USER,
+                "thinking": {"type": "enabled", "budget_tokens": 10**30},
+            },
+            "budget_tokens",
+        ),
+        ({"model": "echo-model", "max_tokens": 5, "messages": USER, "top_k": 2**40}, "top_k"),
     ):
         resp = await post(gw, json.dumps(body).encode())
         assert resp.status == 400, body
