@@ -4,7 +4,10 @@ The embedded server runs as a child process with append-only persistence under
 `redis.data_dir`, listens on a unix socket there (no port to collide with), logs to
 `redis.log` there, and is stopped on exit. A server that restarts on a large append-only file
 answers LOADING for a while: start-up waits for it to be ready for up to `redis.start_timeout_s`,
-notices a child that exited, and says why it failed (the tail of the server's log).
+notices a child that exited, and says why it failed (the tail of the server's log). A
+configured server that takes its connection but is slow to answer the first PING (busy, paused)
+is waited for the same way, never taken for a down one: an embedded server started beside a live
+one would split the keys between them.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import BusyLoadingError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.redact import redact_url
 from gateway.settings import RedisSettings
@@ -43,6 +47,20 @@ async def _answers(client: Redis, timeout_s: float) -> bool:
     except BusyLoadingError:
         raise
     except (RedisError, OSError, TimeoutError):
+        return False
+
+
+async def _probe(client: Redis, timeout_s: float) -> bool | None:
+    """True when Redis answers PING, False when nothing listens (refused, reset), None when
+    something listens but does not answer within `timeout_s` (a busy or paused server: there,
+    not gone). A server still loading its data raises BusyLoadingError."""
+    try:
+        return bool(await asyncio.wait_for(client.ping(), timeout=timeout_s))
+    except BusyLoadingError:
+        raise
+    except (TimeoutError, RedisTimeoutError):
+        return None
+    except (RedisError, OSError):
         return False
 
 
@@ -175,8 +193,10 @@ def _client(settings: RedisSettings, unix_socket: Path | None = None) -> Redis:
 async def open_redis(settings: RedisSettings) -> AsyncIterator[Redis]:
     client = _client(settings)
     try:
-        up = await _answers(client, min(settings.timeout_s, 2.0))
-    except BusyLoadingError:  # the configured server is there, loading its data: wait for it
+        up = await _probe(client, min(settings.timeout_s, 2.0))
+    except BusyLoadingError:
+        up = None
+    if up is None:  # the configured server is there, loading its data or slow: wait for it
         await wait_ready(client, deadline_s=settings.start_timeout_s, timeout_s=settings.timeout_s)
         up = True
     if up:

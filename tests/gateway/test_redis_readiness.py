@@ -18,9 +18,12 @@ from tests.gateway.conftest import closed_port
 
 
 @asynccontextmanager
-async def loading_redis(loading_pings: int) -> AsyncIterator[tuple[int, list[int]]]:
+async def loading_redis(
+    loading_pings: int, first_answer_after_s: float = 0.0
+) -> AsyncIterator[tuple[int, list[int]]]:
     """A stand-in Redis on a free port that answers its first `loading_pings` PINGs with
-    LOADING, then PONG (and OK to anything else); yields (port, [PINGs seen])."""
+    LOADING, then PONG (and OK to anything else), the very first answer only after
+    `first_answer_after_s`; yields (port, [PINGs seen])."""
     pings = [0]
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -30,6 +33,8 @@ async def loading_redis(loading_pings: int) -> AsyncIterator[tuple[int, list[int
             while (command := parser.gets()) is not False:
                 if command[0].upper() == b"PING":
                     pings[0] += 1
+                    if pings[0] == 1:
+                        await asyncio.sleep(first_answer_after_s)
                     loading = pings[0] <= loading_pings
                     writer.write(b"-LOADING Redis is loading\r\n" if loading else b"+PONG\r\n")
                 else:
@@ -53,6 +58,21 @@ async def test_a_configured_redis_that_is_loading_is_waited_for(tmp_path: Path) 
             assert await redis.ping()
         assert pings[0] >= 6
     assert not (tmp_path / "redis.sock").exists()  # no embedded server was started instead
+
+
+async def test_a_configured_redis_slow_to_answer_is_waited_for_not_replaced(
+    tmp_path: Path,
+) -> None:
+    # Its first PING answered after the start-up probe gave up on it: a busy server, not a down
+    # one. Even with the embedded fallback on, no embedded server is started beside it.
+    async with loading_redis(loading_pings=0, first_answer_after_s=0.5) as (port, pings):
+        settings = RedisSettings(
+            url=f"redis://127.0.0.1:{port}/0", embedded=True, data_dir=tmp_path, timeout_s=0.2
+        )
+        async with open_redis(settings) as redis:
+            assert await redis.ping()
+        assert pings[0] >= 2
+    assert not (tmp_path / "redis.sock").exists()
 
 
 async def test_a_redis_still_loading_past_the_deadline_is_a_clear_error(tmp_path: Path) -> None:
