@@ -160,8 +160,20 @@ async def test_a_conversation_is_served_where_its_prefix_is(pair: Cluster) -> No
     assert placement(headers) == ("a", "forward"), headers["x-gateway-route"]
     assert cached_tokens(resp) >= prompt_blocks * BLOCK - BLOCK
     assert resp.choices[0].finish_reason == "length"
-    # streamed through as well, usage included
-    stream = await pair.client("b").chat.completions.create(
+    # streamed through as well, usage included: once b has seen a idle again (its load as a
+    # heartbeat last reported it is what placement weighs) and holding this turn's blocks
+    second_blocks = (resp.usage.prompt_tokens - 1) // BLOCK
+    await wait_for(
+        pair.session,
+        pair.nodes["b"],
+        lambda s: (
+            (a := s["nodes"].get("a", {})).get("blocks", 0) >= second_blocks
+            and a.get("waiting") == 0
+            and a.get("running_tokens") == 0
+        ),
+        what="saw a idle, holding the second turn",
+    )
+    raw = await pair.client("b").chat.completions.with_raw_response.create(
         model="deepseek-chat",
         messages=second,
         temperature=0,
@@ -169,6 +181,8 @@ async def test_a_conversation_is_served_where_its_prefix_is(pair: Cluster) -> No
         stream=True,
         stream_options={"include_usage": True},
     )
+    assert placement(raw.headers) == ("a", "forward"), raw.headers["x-gateway-route"]
+    stream = raw.parse()
     text, usage = "", None
     async for chunk in stream:
         if chunk.choices:
