@@ -64,8 +64,8 @@ def _unsent_settlements() -> None:
     def packed_only(
         self: script_batch.ScriptBatcher,
         script: script_batch.BatchedScript,
-        keys: Sequence[str],
-        args: Sequence[script_batch.Arg],
+        keys: tuple[str, ...],
+        args: Sequence[Any],
         parse: script_batch.Parse | None = None,
         *,
         at_once: bool = False,

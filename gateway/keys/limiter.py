@@ -29,7 +29,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -57,9 +57,10 @@ KEEP_MS = 7 * 86_400_000
 _NAMES_KEPT = 10_000  # keys whose Redis key names are kept built
 
 
-@record
+@dataclass(slots=True)
 class _KeyNames:
-    """One key's Redis key names on one UTC day; `rpm` and `tpm` still want the minute."""
+    """One key's Redis key names on one UTC day; `rpm` and `tpm` still want the minute, and
+    `admit_keys` is what admission passes in one minute (mutable: built once per minute)."""
 
     key: str
     slots: str
@@ -68,6 +69,8 @@ class _KeyNames:
     spent: tuple[str, str, str]  # all time, the day, the month
     rpm: str
     tpm: str
+    minute: int = -1  # the minute that `admit_keys` is for
+    admit_keys: tuple[str, ...] = ()  # what admit.lua is passed, in that minute
 
 
 def _result(reply: Any) -> Any:
@@ -201,9 +204,20 @@ class Limiter:
         minute = minute_of(token)
         reset_ms = (minute + 1) * _WINDOW_MS - now_ms
         n = self._names(key_id, now_s)
-        keys = [n.key, n.slots, n.held, f"{n.rpm}{minute}", f"{n.tpm}{minute}", *n.spent, n.gone]
+        keys = n.admit_keys
+        if n.minute != minute:
+            n.minute = minute
+            keys = n.admit_keys = (
+                n.key,
+                n.slots,
+                n.held,
+                f"{n.rpm}{minute}",
+                f"{n.tpm}{minute}",
+                *n.spent,
+                n.gone,
+            )
         prompt, wanted = max(prompt_tokens, 0), max(max_tokens, 1)
-        args: list[Arg] = [now_ms, token, prompt, wanted, reset_ms, digest, model]
+        args = (now_ms, token, prompt, wanted, reset_ms, digest, model)
 
         def parse(reply: Any) -> Any:
             if not isinstance(reply, BaseException):
@@ -222,7 +236,7 @@ class Limiter:
         key_id, token, entry = settlement.key_id, settlement.token, settlement.entry
         n = self._names(key_id, self._clock())
         s = self._space
-        keys = [
+        keys = (
             n.key,
             n.slots,
             n.held,
@@ -232,17 +246,9 @@ class Limiter:
             s.usage_days(),
             s.usage_log(),
             n.gone,
-        ]
-        args: list[Arg] = [
-            token,
-            settlement.reserved,
-            max(settlement.used, 0),
-            entry.day,
-            len(entry.counters),
-        ]
-        for field, increment in entry.counters.items():
-            args += (field, increment)
+        )
         record = entry.record
+        args = [token, settlement.reserved, max(settlement.used, 0), entry.day, entry.counters]
         args += [record.get(field, "") for field in RECORD_FIELDS]
         return self._scripts.run_item(self._settle, keys, args, at_once=at_once)
 

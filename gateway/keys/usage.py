@@ -30,8 +30,7 @@ METRICS = (
 
 
 # The usage stream entry's fields after `charged_tokens`, in the order settle.lua writes them:
-# settlement sends their values only (each argument a script is passed costs Redis about as
-# much as a command does).
+# settlement sends their values only.
 RECORD_FIELDS = (
     "ts",
     "request_id",

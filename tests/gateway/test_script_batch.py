@@ -273,15 +273,14 @@ async def _settled(counts: list[int], within_s: float = 10.0) -> int:
         assert asyncio.get_running_loop().time() < deadline, "the spin did not stop"
 
 
-# Items: ARGV[1] a factor shared by the batch, ARGV[2] n, then per item (key index, amount);
-# each item's reply is {its new value, how many keys the call was passed}.
+# Items: ARGV[1] a factor shared by the batch, ARGV[2] the packed items, each {where its keys
+# start, amount}; each item's reply is {its new value, how many keys the call was passed}.
 ADD = BatchedScript(
     Script.of("""
-local out, pos = {}, 3
-for i = 1, tonumber(ARGV[2]) do
-  local amount = tonumber(ARGV[pos + 1]) * tonumber(ARGV[1])
-  out[i] = {redis.call('INCRBY', KEYS[tonumber(ARGV[pos])], amount), #KEYS}
-  pos = pos + 2
+local out, items = {}, cmsgpack.unpack(ARGV[2])
+for i = 1, #items do
+  local amount = items[i][2] * tonumber(ARGV[1])
+  out[i] = {redis.call('INCRBY', KEYS[items[i][1] + 1], amount), #KEYS}
 end
 return out
 """),
@@ -295,10 +294,10 @@ async def test_items_of_one_tick_share_one_call_naming_each_key_once(
 ) -> None:
     a, b = f"test:{uuid.uuid4().hex}", f"test:{uuid.uuid4().hex}"
     try:
-        await batcher.run_item(ADD, [a], [0])  # the script is in the server's cache now
+        await batcher.run_item(ADD, (a,), [0])  # the script is in the server's cache now
         script_writes.clear()
         replies = await asyncio.gather(
-            *(batcher.run_item(ADD, [a if i % 3 else b], [1]) for i in range(30)),
+            *(batcher.run_item(ADD, (a if i % 3 else b,), [1]) for i in range(30)),
             batcher.run(INCR, [a], [1000]),
         )
         # 30 items in two calls of at most 20, and the plain call after them, in one write.
@@ -321,10 +320,10 @@ async def test_a_failing_batch_fails_each_of_its_items_and_nothing_else(
     short = BatchedScript(Script.of("return {1}"))  # one reply for two items
     results = await asyncio.gather(
         batcher.run(INCR, [key], [2]),
-        batcher.run_item(bad, [key], [1]),
-        batcher.run_item(bad, [key], [1]),
-        batcher.run_item(short, [key], []),
-        batcher.run_item(short, [key], []),
+        batcher.run_item(bad, (key,), [1]),
+        batcher.run_item(bad, (key,), [1]),
+        batcher.run_item(short, (key,), []),
+        batcher.run_item(short, (key,), []),
         batcher.run(INCR, [key], [1]),
         return_exceptions=True,
     )
@@ -336,22 +335,22 @@ async def test_a_failing_batch_fails_each_of_its_items_and_nothing_else(
 async def test_a_batched_script_unknown_to_the_server_is_sent_again_as_eval(
     batcher: ScriptBatcher,
 ) -> None:
-    fresh = BatchedScript(Script.of(f"return {{ARGV[2], '{uuid.uuid4().hex}'}}"), head=(7,))
+    fresh = BatchedScript(Script.of(f"return {{ARGV[1], '{uuid.uuid4().hex}'}}"), head=(7,))
     first, second = await asyncio.gather(
-        batcher.run_item(fresh, [], []), batcher.run_item(fresh, [], [])
+        batcher.run_item(fresh, (), []), batcher.run_item(fresh, (), [])
     )
-    assert first == b"2" and second == fresh.script.source.split("'")[1].encode()
+    assert first == b"7" and second == fresh.script.source.split("'")[1].encode()
 
 
 async def test_a_lone_item_goes_at_once_and_a_closed_batcher_refuses_items(
     redis: Redis, key: str, script_writes: list[int]
 ) -> None:
     scripts = ScriptBatcher(redis)
-    await scripts.run_item(ADD, [key], [1])
+    await scripts.run_item(ADD, (key,), [1])
     script_writes.clear()
-    alone = scripts.run_item(ADD, [key], [1], at_once=True)
+    alone = scripts.run_item(ADD, (key,), [1], at_once=True)
     assert script_writes == [1]
     assert await alone == [20, 1]
     await scripts.aclose()
     with pytest.raises(RedisConnectionError):
-        await scripts.run_item(ADD, [key], [1])
+        await scripts.run_item(ADD, (key,), [1])

@@ -4,18 +4,20 @@
 -- What several requests of a batch read (a key's hash, its counters) is read once, and what
 -- they write is written once at the end: a batch costs Redis far less than its requests would
 -- one script call each.
--- KEYS: every key the batch names, once each.
+-- KEYS: the keys of each request, once for the requests that name the same ones: 1 key:{id}
+--   hash, 2 slots zset, 3 held hash, 4 rpm window, 5 tpm window, 6 spent (all), 7 spent (day),
+--   8 spent (month), 9 gone hash.
 -- ARGV: 1 slot lease (ms), 2 how long the slots, held and gone hashes outlive their last write
---   (ms), 3 n, then per request: the indices into KEYS of its 1 key:{id} hash, 2 slots zset,
---   3 held hash, 4 rpm window, 5 tpm window, 6 spent (all), 7 spent (day), 8 spent (month),
---   9 gone hash; then 10 now (ms), 11 request token, 12 prompt tokens, 13 max_tokens, 14 ms
---   until the current minute window resets, 15 the presented secret's digest, 16 model.
+--   (ms), 3 the requests, packed with MessagePack (values arrive typed, with none of the cost of
+--   an argument each): per request {where its keys start in KEYS (0-based), now (ms), request
+--   token, prompt tokens, max_tokens, ms until the current minute window resets, the presented
+--   secret's digest, model}.
 -- Returns one reply per request: {0, max_tokens granted, reserved, rpm, rpm left, tpm,
 --   tpm left} (-1: no limit), {1, why} key refused (revoked, rotated, disabled, expired),
 --   {2, budget left} over budget, {3, retry ms, limit name, limit} rate limited, {4} model not
 --   allowed for this key, {5} the gateway gave up on this admission and has already released
 --   it (see release.lua).
-local ttl, keep, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local ttl, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 
 -- Written once at the end (by key name): slot lease pairs, held pairs, window increments
 -- (with the reset of the request that opened them).
@@ -192,16 +194,19 @@ local function admit(k, now, token, prompt, grant, reset, digest, model)
   return {0, grant, need, rpm or -1, rpm_left, tpm or -1, tpm_left}
 end
 
-local replies, pos = {}, 4
-for i = 1, n do
-  local k = {}
-  for j = 1, 9 do
-    k[j] = KEYS[tonumber(ARGV[pos + j - 1])]
+local replies, requests, named = {}, cmsgpack.unpack(ARGV[3]), {}
+for i = 1, #requests do
+  local r = requests[i]
+  local base = r[1]
+  local k = named[base]  -- the keys, as a table, once per set of them
+  if not k then
+    k = {}
+    for j = 1, 9 do
+      k[j] = KEYS[base + j]
+    end
+    named[base] = k
   end
-  replies[i] = admit(k, tonumber(ARGV[pos + 9]), ARGV[pos + 10], tonumber(ARGV[pos + 11]),
-                     tonumber(ARGV[pos + 12]), tonumber(ARGV[pos + 13]), ARGV[pos + 14],
-                     ARGV[pos + 15])
-  pos = pos + 16
+  replies[i] = admit(k, r[2], r[3], r[4], r[5], r[6], r[7], r[8])
 end
 
 for slots, lease in pairs(slots_new) do

@@ -6,18 +6,17 @@
 -- already applied, in this batch or before, changes nothing. What several settlements of a
 -- batch read (a key's budget, its spent counter) is read once, and the counters they add to
 -- are written once at the end.
--- KEYS: every key the batch names, once each.
--- ARGV: 1 ttl of a day's spent counter (ms), 2 ttl of a month's (ms), 3 stream maxlen, 4 n,
---   then per settlement: the indices into KEYS of its 1 key:{id} hash, 2 slots zset, 3 held
---   hash, 4 tpm window of admission, 5 spent (all), 6 spent (day), 7 spent (month), 8 usage day
---   hash, 9 usage days set, 10 usage stream, 11 gone hash; then 12 request token, 13 reserved
---   tokens, 14 used tokens (prompt + completion), 15 UTC day, 16 c, then c pairs (counter
---   field, increment), then the stream entry's values in the order of its fields below
---   (usage.RECORD_FIELDS). Flat rather than JSON (decoding JSON was a quarter of this script's
---   cost), and values only: every argument costs.
+-- KEYS: the keys of each settlement, once for the settlements that name the same ones: 1
+--   key:{id} hash, 2 slots zset, 3 held hash, 4 tpm window of admission, 5 spent (all), 6 spent
+--   (day), 7 spent (month), 8 usage day hash, 9 usage days set, 10 usage stream, 11 gone hash.
+-- ARGV: 1 ttl of a day's spent counter (ms), 2 ttl of a month's (ms), 3 stream maxlen, 4 the
+--   settlements, packed with MessagePack (values arrive typed, with none of the cost of an
+--   argument each): per settlement {where its keys start in KEYS (0-based), request token,
+--   reserved tokens, used tokens (prompt + completion), UTC day, {counter field = increment},
+--   then the stream entry's values in the order of its fields below (usage.RECORD_FIELDS)}.
 -- Returns, per settlement, the tokens charged against the budget, or -1 when it had been
 -- applied before.
-local day_ttl, month_ttl, maxlen, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local day_ttl, month_ttl, maxlen = ARGV[1], ARGV[2], ARGV[3]
 
 -- Written once at the end (by key name).
 local held_add, held_gone, window_add, spent_add, counters, days = {}, {}, {}, {}, {}, {}
@@ -34,8 +33,8 @@ local function key_budget(name)  -- {budget or false, period or false}
   return f
 end
 
-local function settle(k, pos)
-  local token, reserved, used = ARGV[pos], tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
+local function settle(k, s)
+  local token, reserved, used = s[2], s[3], s[4]
   if redis.call('ZREM', k[2], token) == 1 then
     local amount = redis.call('HGET', k[3], token)
     if amount then
@@ -75,36 +74,37 @@ local function settle(k, pos)
     charge = 0
   end
 
-  local c = tonumber(ARGV[pos + 4])
   local day_counters = counters[k[8]] or {}
   counters[k[8]] = day_counters
-  for i = pos + 5, pos + 4 + 2 * c, 2 do
-    day_counters[ARGV[i]] = (day_counters[ARGV[i]] or 0) + tonumber(ARGV[i + 1])
+  for field, increment in pairs(s[6]) do
+    day_counters[field] = (day_counters[field] or 0) + increment
   end
   local day_set = days[k[9]] or {}
   days[k[9]] = day_set
-  day_set[ARGV[pos + 3]] = true
-  local r = pos + 4 + 2 * c
+  day_set[s[5]] = true
   redis.call('XADD', k[10], 'MAXLEN', maxlen, '*', 'charged_tokens', charge,
-             'ts', ARGV[r + 1], 'request_id', ARGV[r + 2], 'key_id', ARGV[r + 3],
-             'model', ARGV[r + 4], 'provider', ARGV[r + 5], 'route_model', ARGV[r + 6],
-             'thinking', ARGV[r + 7], 'route_reason', ARGV[r + 8], 'route', ARGV[r + 9],
-             'prompt_tokens', ARGV[r + 10], 'completion_tokens', ARGV[r + 11],
-             'reasoning_tokens', ARGV[r + 12], 'cached_tokens', ARGV[r + 13],
-             'max_tokens', ARGV[r + 14], 'reserved_tokens', ARGV[r + 15],
-             'latency_ms', ARGV[r + 16], 'ttft_ms', ARGV[r + 17], 'status', ARGV[r + 18],
-             'error_code', ARGV[r + 19])
+             'ts', s[7], 'request_id', s[8], 'key_id', s[9], 'model', s[10],
+             'provider', s[11], 'route_model', s[12], 'thinking', s[13],
+             'route_reason', s[14], 'route', s[15], 'prompt_tokens', s[16],
+             'completion_tokens', s[17], 'reasoning_tokens', s[18], 'cached_tokens', s[19],
+             'max_tokens', s[20], 'reserved_tokens', s[21], 'latency_ms', s[22],
+             'ttft_ms', s[23], 'status', s[24], 'error_code', s[25])
   return charge
 end
 
-local replies, pos = {}, 5
-for i = 1, n do
-  local k = {}
-  for j = 1, 11 do
-    k[j] = KEYS[tonumber(ARGV[pos + j - 1])]
+local replies, settlements, named = {}, cmsgpack.unpack(ARGV[4]), {}
+for i = 1, #settlements do
+  local s = settlements[i]
+  local base = s[1]
+  local k = named[base]  -- the keys, as a table, once per set of them
+  if not k then
+    k = {}
+    for j = 1, 11 do
+      k[j] = KEYS[base + j]
+    end
+    named[base] = k
   end
-  replies[i] = settle(k, pos + 11)
-  pos = pos + 11 + 5 + 2 * tonumber(ARGV[pos + 15]) + 19
+  replies[i] = settle(k, s)
 end
 
 for held, amount in pairs(held_add) do
