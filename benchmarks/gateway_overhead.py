@@ -69,12 +69,14 @@ from benchmarks.gateway_procs import (  # noqa: E402
 )
 from benchmarks.gateway_report import Rounds, Target, print_cpu_split, print_table  # noqa: E402
 from benchmarks.http_load import (  # noqa: E402
+    REFERENCE_SPEED_S,
     Bench,
     Burst,
     Endpoint,
     Level,
     Upstreams,
     cpu_jiffies,
+    python_speed_s,
     rss_mb,
     stolen_share,
 )
@@ -295,6 +297,7 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds; medians reported")
     args = parser.parse_args()
     native = _tools(args.tools)
+    speed_before = python_speed_s()
     load_before, jiffies_before = os.getloadavg(), cpu_jiffies()
     prefix = f"bench:{uuid.uuid4().hex}:"
     redis = Redis.from_url(REDIS_URL)
@@ -317,7 +320,12 @@ async def main() -> None:
         print(target.line())
     load = f"load average before/after: {load_before} / {os.getloadavg()}"
     stolen = stolen_share(jiffies_before, cpu_jiffies())
+    speed = f"{speed_before:.2f} s before, {python_speed_s():.2f} s after"
     print(f"\nIssue 14 targets ({load}; stolen by the host: {stolen:.1%} of CPU time):")
+    print(
+        f"  (machine speed: a 10M-step Python loop took {speed}; {REFERENCE_SPEED_S} s where "
+        "the CPU targets were met: CPU figures scale with it)"
+    )
     for target in _issue14_targets(rounds, idle_mb):
         print(target.line())
     print(
