@@ -26,7 +26,7 @@ from hiredis import pack_command
 from gateway.access import Grant, Outcome, Ticket
 from gateway.cli import main as gateway_main
 from gateway.keys import access, limiter, script_batch
-from gateway.keys.store import lua
+from gateway.keys.store import batched_lua
 
 PARTS = ("admit", "settle", "send")
 
@@ -58,7 +58,7 @@ def _instant_settlement(
 
 def _unsent_settlements() -> None:
     """Settlements are packed as for the wire (each a batch of one), then answered at once."""
-    settle_sha = script_batch.Script.of(lua("settle.lua")).sha
+    settle_sha = script_batch.Script.of(batched_lua("settle.lua")).sha
     run_item = script_batch.ScriptBatcher.run_item
 
     def packed_only(

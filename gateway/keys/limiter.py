@@ -43,7 +43,7 @@ from gateway.errors import (
     RateLimited,
 )
 from gateway.keys.script_batch import Arg, BatchedScript, Script, ScriptBatcher
-from gateway.keys.store import KeySpace, lua, text
+from gateway.keys.store import KeySpace, batched_lua, lua, text
 from gateway.keys.usage import RECORD_FIELDS, UsageEntry
 from providers.busy_wait import BusyWait
 from providers.record import record
@@ -139,9 +139,9 @@ class Limiter:
         self.lease_ms = int(slot_lease_s * 1000)
         self._clock = clock
         self._scripts = ScriptBatcher(redis, timeout_s=timeout_s, busy=busy)
-        self._admit = BatchedScript(Script.of(lua("admit.lua")), (self.lease_ms, KEEP_MS))
+        self._admit = BatchedScript(Script.of(batched_lua("admit.lua")), (self.lease_ms, KEEP_MS))
         self._settle = BatchedScript(
-            Script.of(lua("settle.lua")),
+            Script.of(batched_lua("settle.lua")),
             (_DAY_SPENT_TTL_MS, _MONTH_SPENT_TTL_MS, usage_stream_maxlen),
         )
         self._release = Script.of(lua("release.lua"))

@@ -33,6 +33,11 @@ def lua(name: str) -> str:
     return resources.files("gateway.keys").joinpath("lua", name).read_text(encoding="utf-8")
 
 
+def batched_lua(name: str) -> str:
+    """A batched script's source: batch.lua (how its items arrive), then the script itself."""
+    return lua("batch.lua") + lua(name)
+
+
 def text(value: bytes | str) -> str:
     """A Redis reply as text (the client may or may not decode replies)."""
     return value.decode() if isinstance(value, bytes) else value

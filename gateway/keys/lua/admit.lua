@@ -194,20 +194,9 @@ local function admit(k, now, token, prompt, grant, reset, digest, model)
   return {0, grant, need, rpm or -1, rpm_left, tpm or -1, tpm_left}
 end
 
-local replies, requests, named = {}, cmsgpack.unpack(ARGV[3]), {}
-for i = 1, #requests do
-  local r = requests[i]
-  local base = r[1]
-  local k = named[base]  -- the keys, as a table, once per set of them
-  if not k then
-    k = {}
-    for j = 1, 9 do
-      k[j] = KEYS[base + j]
-    end
-    named[base] = k
-  end
-  replies[i] = admit(k, r[2], r[3], r[4], r[5], r[6], r[7], r[8])
-end
+local replies = each_item(ARGV[3], 9, function(k, r)
+  return admit(k, r[2], r[3], r[4], r[5], r[6], r[7], r[8])
+end)
 
 for slots, lease in pairs(slots_new) do
   redis.call('ZADD', slots, unpack(lease))

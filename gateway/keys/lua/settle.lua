@@ -92,20 +92,7 @@ local function settle(k, s)
   return charge
 end
 
-local replies, settlements, named = {}, cmsgpack.unpack(ARGV[4]), {}
-for i = 1, #settlements do
-  local s = settlements[i]
-  local base = s[1]
-  local k = named[base]  -- the keys, as a table, once per set of them
-  if not k then
-    k = {}
-    for j = 1, 11 do
-      k[j] = KEYS[base + j]
-    end
-    named[base] = k
-  end
-  replies[i] = settle(k, s)
-end
+local replies = each_item(ARGV[4], 11, settle)
 
 for held, amount in pairs(held_add) do
   redis.call('HINCRBY', held, '_sum', amount)
