@@ -39,17 +39,6 @@ class RedisNotReady(RuntimeError):
     """Redis did not become ready: why, in words an operator can act on."""
 
 
-async def _answers(client: Redis, timeout_s: float) -> bool:
-    """True when Redis answers PING; False when nothing listens or it does not answer.
-    A server still loading its data raises BusyLoadingError (it is there, not ready)."""
-    try:
-        return bool(await asyncio.wait_for(client.ping(), timeout=timeout_s))
-    except BusyLoadingError:
-        raise
-    except (RedisError, OSError, TimeoutError):
-        return False
-
-
 async def _probe(client: Redis, timeout_s: float) -> bool | None:
     """True when Redis answers PING, False when nothing listens (refused, reset), None when
     something listens but does not answer within `timeout_s` (a busy or paused server: there,
@@ -84,7 +73,7 @@ async def wait_ready(
                 f"the embedded redis-server exited with status {child.returncode}" + _tail(log_file)
             )
         try:
-            if await _answers(client, timeout_s):
+            if await _probe(client, timeout_s):
                 if loading:
                     log.info("redis_loaded")
                 return
