@@ -9,7 +9,11 @@ requests the round made. Printed: each tree's figure per round and the median, a
 per-round ratio to the first tree's.
 
     .venv/bin/python benchmarks/redis_cost.py TREE TREE [--rounds 6] [--requests 12800]
-        [--tasks 64]
+        [--tasks 64] [--maxlen 1000000]
+
+`--maxlen`: the usage stream's cap (`limits.usage_stream_maxlen`; the default is the setting's).
+The rounds write `requests` records each, so a cap below that has the stream full, and trimmed
+by every settlement, from the first round on: a gateway's steady state once its stream filled.
 
 Needs the shared Redis (127.0.0.1:6379); its other clients' work lands in the figures, so run it
 where nothing else uses that Redis.
@@ -33,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.gateway_procs import REDIS_URL  # noqa: E402
 from benchmarks.side_by_side import print_per_tree  # noqa: E402
+from gateway.settings import LimitSettings  # noqa: E402
 
 # Run in each tree's own process (its code on sys.path): admissions and settlements.
 _DRIVER = """
@@ -45,12 +50,12 @@ from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
 from providers.types import Usage
 
-async def main(url, requests, tasks):
+async def main(url, requests, tasks, maxlen):
     redis = Redis.from_url(url)
     prefix = f"bench-redis-cost:{uuid.uuid4().hex[:8]}:"
     secret, _ = await KeyStore(redis, prefix=prefix).create(KeyCreate(
         name="bench", budget_tokens=10**12, rpm=10**8, tpm=10**11, max_concurrency=10**5))
-    access = RedisAccessControl(redis, prefix=prefix, usage_stream_maxlen=100_000,
+    access = RedisAccessControl(redis, prefix=prefix, usage_stream_maxlen=maxlen,
                                 spool_dir=Path(tempfile.mkdtemp()))
     await access.start()
     principal = await access.authenticate(secret)
@@ -71,7 +76,7 @@ async def main(url, requests, tasks):
             await redis.delete(*keys)
         await redis.aclose()
 
-asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+asyncio.run(main(sys.argv[1], *map(int, sys.argv[2:5])))
 """
 
 
@@ -83,7 +88,13 @@ async def redis_cpu(redis: Redis) -> float:
 def start_drivers(args: argparse.Namespace) -> list[subprocess.Popen[str]]:
     return [
         subprocess.Popen(
-            [sys.executable, "-c", _DRIVER, REDIS_URL, str(args.requests), str(args.tasks)],
+            [
+                sys.executable,
+                "-c",
+                _DRIVER,
+                REDIS_URL,
+                *map(str, (args.requests, args.tasks, args.maxlen)),
+            ],
             cwd=tree,
             env={**os.environ, "PYTHONPATH": str(tree.resolve())},
             stdin=subprocess.PIPE,
@@ -123,7 +134,7 @@ async def run(args: argparse.Namespace, drivers: list[subprocess.Popen[str]]) ->
 def report(args: argparse.Namespace, per_tree: list[list[float]]) -> None:
     print(
         f"Redis CPU per keyed request (admission + settlement), {args.tasks} concurrent, "
-        f"{args.rounds} rounds of {args.requests} requests"
+        f"{args.rounds} rounds of {args.requests} requests, usage stream capped at {args.maxlen}"
     )
     print_per_tree(args.trees, per_tree, "us", 1)
     print(json.dumps({"medians_us": [statistics.median(f) for f in per_tree]}))
@@ -135,6 +146,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--requests", type=int, default=12_800)
     parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--maxlen", type=int, default=LimitSettings().usage_stream_maxlen)
     args = parser.parse_args()
     if len(args.trees) < 2:
         parser.error("give at least two trees")

@@ -31,6 +31,8 @@ LIMITS: list[dict[str, object]] = [
     {},
     {"max_concurrency": 3, "rpm": 30},
 ]
+# The usage log's cap: below the records a scenario writes, so that it is trimmed.
+MAXLEN = 5
 # Lowered between admission and settlement: what is charged is then capped by what is left.
 LOWERED = {0: 500, 2: 900}
 
@@ -70,7 +72,9 @@ class Space:
                     "usage": usage["totals"],
                 }
             )
-        out.append({"log": await redis.xlen(space.usage_log())})
+        # The capped usage log: the records kept (the newest), in order.
+        log = await redis.xrange(space.usage_log())
+        out.append({"log": [(e[b"charged_tokens"], e[b"status"]) for _, e in log]})
         return out
 
 
@@ -86,7 +90,7 @@ async def spaces(redis: Redis, clock: Clock, tmp_path: Path) -> AsyncIterator[tu
         access = RedisAccessControl(
             redis,
             prefix=f"test:{uuid.uuid4().hex}:",
-            usage_stream_maxlen=1000,
+            usage_stream_maxlen=MAXLEN,
             slot_lease_s=300,
             spool_dir=tmp_path / name,
             clock=clock,
@@ -186,3 +190,4 @@ async def test_a_batch_decides_and_counts_as_its_calls_one_at_a_time(
     assert [answer(r) for r in got] == [answer(r) for r in want]
     await both_ways(settlements(left), script_writes)  # lapsed: recorded once all the same
     assert await batched.state(redis, clock.now) == await one_by_one.state(redis, clock.now)
+    assert await redis.xlen(batched.access.store.space.usage_log()) == MAXLEN  # trimmed
