@@ -18,9 +18,10 @@ with `Expect`, another method, a dynamic path, a miss) takes aiohttp's own dispa
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from aiohttp import web
@@ -41,6 +42,7 @@ from gateway.appkeys import SETTINGS
 from gateway.errors import GatewayError, GatewayTimeout, InvalidRequest
 from gateway.middleware import new_request_id, render
 from gateway.wire.messages_errors import is_messages_path
+from providers.turn_writes import TurnWrites
 
 log = structlog.get_logger("gateway.http")
 
@@ -79,6 +81,10 @@ def parser_error(status: int, exc: BaseException | None) -> GatewayError:
 
 class _ShapedErrorHandler(RequestHandler):
     __slots__ = ()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Answers go out at the end of the loop turn, with the turn's others (turn_writes.py).
+        super().connection_made(TurnWrites(cast(asyncio.Transport, transport), self._loop))
 
     def handle_error(
         self,

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
+from providers.turn_writes import TurnWrites
+
 if TYPE_CHECKING:
     from providers.http1 import Http1Pool
 
@@ -100,7 +102,8 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
-        self._transport = cast(asyncio.Transport, transport)
+        # A request is sent at the end of the loop turn, with the turn's others (turn_writes.py).
+        self._transport = TurnWrites(cast(asyncio.Transport, transport), self._loop)
 
     def data_received(self, data: bytes) -> None:
         self._got_bytes = True
