@@ -105,7 +105,7 @@ def python_speed_s() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - before
 
 
-async def _redis_cpu_seconds(redis: Redis) -> float:
+async def redis_cpu_seconds(redis: Redis) -> float:
     info = await redis.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
@@ -245,11 +245,11 @@ class Bench:
         cpu0 = [own_cpu_seconds(p) for p in gateway]
         io0 = io_calls(gateway)
         mock0 = sum(map(cpu_seconds, mock_pids))
-        redis0 = await _redis_cpu_seconds(self._redis)
+        redis0 = await redis_cpu_seconds(self._redis)
         n, elapsed, p50, p99, load_cpu = await self._send(
             path, level, self._count(level), self._seconds
         )
-        redis_cpu = (await _redis_cpu_seconds(self._redis) - redis0) / n * 1000
+        redis_cpu = (await redis_cpu_seconds(self._redis) - redis0) / n * 1000
         mock_cpu = (sum(map(cpu_seconds, mock_pids)) - mock0) / n * 1000
         each = tuple(
             (own_cpu_seconds(p) - c) / n * 1000 for p, c in zip(gateway, cpu0, strict=True)

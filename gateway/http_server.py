@@ -42,7 +42,7 @@ from gateway.appkeys import SETTINGS
 from gateway.errors import GatewayError, GatewayTimeout, InvalidRequest
 from gateway.middleware import new_request_id, render
 from gateway.wire.messages_errors import is_messages_path
-from providers.turn_writes import TurnWrites
+from providers.turn_writes import TurnWrites, WriteTurn
 
 log = structlog.get_logger("gateway.http")
 
@@ -83,8 +83,9 @@ class _ShapedErrorHandler(RequestHandler):
     __slots__ = ()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # Answers go out at the end of the loop turn, with the turn's others (turn_writes.py).
-        super().connection_made(TurnWrites(cast(asyncio.Transport, transport), self._loop))
+        # Answers are sent once per loop turn, with the turn's others (turn_writes.py).
+        turn = cast(_ShapedErrorServer, self._manager).turn
+        super().connection_made(TurnWrites(cast(asyncio.Transport, transport), turn))
 
     def handle_error(
         self,
@@ -169,6 +170,10 @@ class HotRoutes:
 
 
 class _ShapedErrorServer(web.Server):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.turn = WriteTurn(self._loop)  # its connections' writes, by loop turn
+
     def __call__(self) -> RequestHandler:
         return _ShapedErrorHandler(self, loop=self._loop, **self._kwargs)
 

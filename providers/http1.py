@@ -39,6 +39,7 @@ from providers.http1_connection import (
     Http1Response,
     Http1Timeout,
 )
+from providers.turn_writes import WriteTurn
 
 __all__ = ["ConnectTimeout", "Http1Error", "Http1Pool", "Http1Response", "Http1Timeout"]
 
@@ -79,6 +80,7 @@ class Http1Pool:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         self.loop = asyncio.get_running_loop()
         self.busy = busy or BusyWait()
+        self.turn = WriteTurn(self.loop)  # the connections' writes, by loop turn
         self._host = url.hostname
         self._port = url.port or (443 if url.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if url.scheme == "https" else None

@@ -102,8 +102,8 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
-        # A request is sent at the end of the loop turn, with the turn's others (turn_writes.py).
-        self._transport = TurnWrites(cast(asyncio.Transport, transport), self._loop)
+        # Requests are sent once per loop turn, with the turn's others (turn_writes.py).
+        self._transport = TurnWrites(cast(asyncio.Transport, transport), self._pool.turn)
 
     def data_received(self, data: bytes) -> None:
         self._got_bytes = True

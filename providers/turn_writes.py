@@ -1,17 +1,17 @@
-"""A stream transport whose writes go out once per turn of the event loop.
+"""Writes on a group of connections, batched by turn of the event loop.
 
-`TurnWrites` wraps a connection's transport: what is written during one turn of the loop is
-joined and sent with one `send` at the start of the next turn, and the connections written to in
-a turn are all sent to back to back, with no Python work between them. The process on the other
-end (a client, an upstream, a proxy in front: on one host they share its cores) is then woken
-once for several answers instead of once per answer, and preempts the gateway less: at 64 clients
-on 2 cores, with the client side and the upstream side both wrapped, wrk spent about 40% and nginx
-about 20% less CPU per request, the gateway itself 6-10% less, and two workers served about 12%
-more requests per second (benchmarks/gateway_overhead.py, the numbers in the README). A write
-waits at most one turn: the loop runs what `call_soon` queued before it sleeps again.
+A `WriteTurn` stands for a group of connections (a server's, an upstream pool's); each of them
+writes through a `TurnWrites` wrapping its transport. The first write of a loop turn on any of
+them goes out at once; the turn's later writes, on any of them, are joined per connection and
+sent at the start of the next turn, back to back, with no Python work between them. The process
+on the other end (a client, an upstream, a proxy in front: on one host they share its cores) is
+then woken about twice a turn instead of once per answer, and preempts the gateway less. At one
+request at a time nothing waits: deferring every write cost a lone request 0.10-0.17 ms, the
+CPU work the turn did after its answer (measured numbers: README, "Gateway overhead").
 
-Contract: bytes go out in the order written; `close` sends what waits, then closes; `abort` drops
-it; once the wrapped transport is closing, what waits is dropped (as a write to it would be);
+Contract: a connection's bytes go out in the order written (once one of its writes waits, its
+later ones wait behind it); `close` sends what waits, then closes; `abort` drops it; once the
+wrapped transport is closing, what waits is dropped, as a write to it would be;
 `get_write_buffer_size` counts what waits. Everything else is the wrapped transport's.
 """
 
@@ -21,33 +21,74 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
+Data = bytes | bytearray | memoryview
+
+
+class WriteTurn:
+    """One group's state in the current turn: whether a write went out, who waits."""
+
+    __slots__ = ("_loop", "_open", "_waiting")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._open = True  # no write has gone out in this turn yet
+        self._waiting: list[TurnWrites] = []
+
+    def first(self) -> bool:
+        """True once per turn, for the write that goes out at once."""
+        if not self._open:
+            return False
+        self._open = False
+        self._loop.call_soon(self._next)
+        return True
+
+    def wait(self, connection: TurnWrites) -> None:
+        self._waiting.append(connection)
+
+    def _next(self) -> None:
+        """The next turn has begun: send what waits, and let its first write go at once."""
+        waiting, self._waiting = self._waiting, []
+        self._open = True
+        for connection in waiting:
+            connection.flush()
+
 
 class TurnWrites(asyncio.Transport):
-    __slots__ = ("_inner", "_loop", "_queued", "_size")
+    __slots__ = ("_inner", "_turn", "_queued", "_size")
 
-    def __init__(self, inner: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, inner: asyncio.Transport, turn: WriteTurn) -> None:
         super().__init__()
         self._inner = inner
-        self._loop = loop
-        self._queued: list[bytes | bytearray | memoryview] = []
+        self._turn = turn
+        self._queued: list[Data] = []
         self._size = 0
 
     # writing
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not data:
+    def write(self, data: Data) -> None:
+        if data:
+            self._send([data])
+
+    def writelines(self, list_of_data: Iterable[Data]) -> None:
+        parts = [data for data in list_of_data if data]
+        if parts:
+            self._send(parts)
+
+    def _send(self, parts: list[Data]) -> None:
+        if not self._queued and self._turn.first():
+            if not self._inner.is_closing():
+                if len(parts) == 1:
+                    self._inner.write(parts[0])
+                else:
+                    self._inner.writelines(parts)
             return
         if not self._queued:
-            self._loop.call_soon(self.flush)
-        self._queued.append(data)
-        self._size += len(data)
-
-    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
-        for data in list_of_data:
-            self.write(data)
+            self._turn.wait(self)
+        self._queued.extend(parts)
+        self._size += sum(len(part) for part in parts)
 
     def flush(self) -> None:
-        """Send what waits now (the turn's end does it on its own)."""
+        """Send what waits now (the next turn does it on its own)."""
         queued = self._queued
         if not queued:
             return

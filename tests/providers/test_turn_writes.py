@@ -1,16 +1,17 @@
-"""providers/turn_writes.py: a turn's writes go out together at the next turn, in order; closing
-sends them, aborting drops them. Against a recording transport, and over a real connection."""
+"""providers/turn_writes.py: a turn's first write goes out at once, its later ones together at the
+next turn, each connection's in order; closing sends them, aborting drops them. Against
+recording transports, and over a real connection."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from providers.turn_writes import TurnWrites
+from providers.turn_writes import TurnWrites, WriteTurn
 
 
 class Recording(asyncio.Transport):
-    """What reached the wrapped transport, in order: ("write", bytes), ("close",), ("abort",)."""
+    """What reached the wrapped transport, in order: (what, which transport, bytes written)."""
 
     def __init__(self, log: list[tuple[Any, ...]], name: str = "") -> None:
         super().__init__()
@@ -20,6 +21,9 @@ class Recording(asyncio.Transport):
 
     def write(self, data: Any) -> None:
         self.log.append(("write", self.name, bytes(data)))
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.log.append(("writelines", self.name, [bytes(d) for d in list_of_data]))
 
     def close(self) -> None:
         self.closing = True
@@ -40,55 +44,75 @@ async def _next_turn() -> None:
     await asyncio.sleep(0)
 
 
-async def test_a_turns_writes_go_out_as_one_at_the_next_turn_in_order() -> None:
-    log: list[tuple[Any, ...]] = []
-    wrapped = TurnWrites(Recording(log), asyncio.get_running_loop())
-    wrapped.write(b"HTTP/1.1 200 OK\r\n")
-    wrapped.writelines([b"a: b\r\n", bytearray(b"\r\n"), b""])
-    wrapped.write(memoryview(b"body"))
-    assert log == []
-    assert wrapped.get_write_buffer_size() == 7 + len(b"HTTP/1.1 200 OK\r\na: b\r\n\r\nbody")
-    await _next_turn()
-    assert log == [("write", "", b"HTTP/1.1 200 OK\r\na: b\r\n\r\nbody")]
-    assert wrapped.get_write_buffer_size() == 7
-    wrapped.write(b"more")
-    await _next_turn()
-    assert log[1:] == [("write", "", b"more")]
+def _pair(log: list[tuple[Any, ...]]) -> tuple[TurnWrites, TurnWrites, Recording]:
+    turn = WriteTurn(asyncio.get_running_loop())
+    second = Recording(log, "2")
+    return TurnWrites(Recording(log, "1"), turn), TurnWrites(second, turn), second
 
 
-async def test_the_connections_written_to_in_a_turn_are_sent_to_in_the_next() -> None:
+async def test_a_lone_write_in_each_turn_goes_out_at_once() -> None:
     log: list[tuple[Any, ...]] = []
-    loop = asyncio.get_running_loop()
-    first, second = TurnWrites(Recording(log, "1"), loop), TurnWrites(Recording(log, "2"), loop)
+    first, _, _ = _pair(log)
+    first.write(b"request")
+    assert log == [("write", "1", b"request")]
+    await _next_turn()
+    first.writelines([b"HTTP/1.1 200 OK\r\n", b"", bytearray(b"\r\n")])
+    assert log[1:] == [("writelines", "1", [b"HTTP/1.1 200 OK\r\n", b"\r\n"])]
+    assert first.get_write_buffer_size() == 7
+
+
+async def test_a_turns_later_writes_go_out_at_the_next_turn_joined_and_in_order() -> None:
+    log: list[tuple[Any, ...]] = []
+    first, second, _ = _pair(log)
     first.write(b"one")
     second.write(b"two")
-    first.write(b"three")
+    first.write(memoryview(b"three"))
+    second.writelines([b"four", b"five"])
+    assert log == [("write", "1", b"one")]
+    assert second.get_write_buffer_size() == 7 + len(b"twofourfive")
     await _next_turn()
-    assert log == [("write", "1", b"onethree"), ("write", "2", b"two")]
+    # in the order the connections began to wait
+    assert log[1:] == [("write", "2", b"twofourfive"), ("write", "1", b"three")]
+    assert second.get_write_buffer_size() == 7
+
+
+async def test_a_connection_that_waits_keeps_its_order() -> None:
+    log: list[tuple[Any, ...]] = []
+    first, second, _ = _pair(log)
+    asyncio.get_running_loop().call_soon(second.write, b"-2")  # runs before the turn flips
+    first.write(b"x")
+    second.write(b"1")
+    await _next_turn()
+    assert log == [("write", "1", b"x"), ("write", "2", b"1-2")]
 
 
 async def test_close_sends_what_waits_and_abort_drops_it() -> None:
     log: list[tuple[Any, ...]] = []
-    loop = asyncio.get_running_loop()
-    closed, aborted = TurnWrites(Recording(log, "c"), loop), TurnWrites(Recording(log, "a"), loop)
-    closed.write(b"last words")
-    closed.close()
-    aborted.write(b"never sent")
-    aborted.abort()
-    assert aborted.get_write_buffer_size() == 7
+    first, second, _ = _pair(log)
+    first.write(b"at once")
+    first.write(b"last words")
+    first.close()
+    second.write(b"never sent")
+    second.abort()
+    assert second.get_write_buffer_size() == 7
     await _next_turn()
-    assert log == [("write", "c", b"last words"), ("close", "c"), ("abort", "a")]
+    assert log == [
+        ("write", "1", b"at once"),
+        ("write", "1", b"last words"),
+        ("close", "1"),
+        ("abort", "2"),
+    ]
 
 
 async def test_what_waits_when_the_connection_closes_is_dropped() -> None:
     log: list[tuple[Any, ...]] = []
-    inner = Recording(log)
-    wrapped = TurnWrites(inner, asyncio.get_running_loop())
-    wrapped.write(b"too late")
+    first, second, inner = _pair(log)
+    first.write(b"at once")
+    second.write(b"too late")
     inner.closing = True  # the peer went away before the turn ended
     await _next_turn()
-    assert log == []
-    assert wrapped.is_closing()
+    assert log == [("write", "1", b"at once")]
+    assert second.is_closing()
 
 
 async def test_bytes_cross_a_real_connection_whole_and_in_order() -> None:
@@ -104,7 +128,7 @@ async def test_bytes_cross_a_real_connection_whole_and_in_order() -> None:
     port = server.sockets[0].getsockname()[1]
     loop = asyncio.get_running_loop()
     transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
-    wrapped = TurnWrites(transport, loop)
+    wrapped = TurnWrites(transport, WriteTurn(loop))
     assert wrapped.get_extra_info("peername")[1] == port
     expected = bytearray()
     for turn in range(50):
