@@ -2,12 +2,13 @@
 
 A `WriteTurn` stands for a group of connections (a server's, an upstream pool's); each of them
 writes through a `TurnWrites` wrapping its transport. The first write of a loop turn on any of
-them goes out at once; the turn's later writes, on any of them, are joined per connection and
-sent at the start of the next turn, back to back, with no Python work between them. The process
-on the other end (a client, an upstream, a proxy in front: on one host they share its cores) is
-then woken about twice a turn instead of once per answer, and preempts the gateway less. At one
-request at a time nothing waits: deferring every write cost a lone request 0.10-0.17 ms, the
-CPU work the turn did after its answer (measured numbers: README, "Gateway overhead").
+them goes out at once, unless the group is under load (more than one of its connections waited
+in the turn before); the turn's other writes are joined per connection and sent at the start of
+the next turn, back to back, with no Python work between them. The process on the other end (a
+client, an upstream, a proxy in front: on one host they share its cores) is then woken about
+once a turn instead of once per answer, and preempts the gateway less. At one request at a time
+nothing waits: deferring every write cost a lone request 0.10-0.17 ms, the CPU work the turn did
+after its answer (measured numbers: README, "Gateway overhead").
 
 Contract: a connection's bytes go out in the order written (once one of its writes waits, its
 later ones wait behind it); `close` sends what waits, then closes; `abort` drops it; once the
@@ -25,22 +26,25 @@ Data = bytes | bytearray | memoryview
 
 
 class WriteTurn:
-    """One group's state in the current turn: whether a write went out, who waits."""
+    """One group's state in the current turn: whether a write went out, who waits, and whether
+    the group is under load (more than one connection waited in the last turn)."""
 
-    __slots__ = ("_loop", "_open", "_waiting")
+    __slots__ = ("_loop", "_open", "_loaded", "_waiting")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._open = True  # no write has gone out in this turn yet
+        self._open = True  # no write has been made in this turn yet
+        self._loaded = False
         self._waiting: list[TurnWrites] = []
 
     def first(self) -> bool:
-        """True once per turn, for the write that goes out at once."""
+        """True for the write that goes out at once: the turn's first, unless the group is
+        under load (then every write of the turn waits)."""
         if not self._open:
             return False
         self._open = False
         self._loop.call_soon(self._next)
-        return True
+        return not self._loaded
 
     def wait(self, connection: TurnWrites) -> None:
         self._waiting.append(connection)
@@ -49,6 +53,7 @@ class WriteTurn:
         """The next turn has begun: send what waits, and let its first write go at once."""
         waiting, self._waiting = self._waiting, []
         self._open = True
+        self._loaded = len(waiting) > 1
         for connection in waiting:
             connection.flush()
 

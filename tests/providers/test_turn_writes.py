@@ -76,6 +76,22 @@ async def test_a_turns_later_writes_go_out_at_the_next_turn_joined_and_in_order(
     assert second.get_write_buffer_size() == 7
 
 
+async def test_under_load_a_turns_first_write_waits_too_until_the_load_ends() -> None:
+    log: list[tuple[Any, ...]] = []
+    first, second, _ = _pair(log)
+    first.write(b"a1")
+    first.write(b"a2")
+    second.write(b"b1")  # two connections wait: the group is under load
+    await _next_turn()
+    del log[:]
+    first.write(b"a3")  # the first write of a loaded turn waits with the rest
+    assert log == []
+    await _next_turn()  # only one connection waited: the load has ended
+    assert log == [("write", "1", b"a3")]
+    second.write(b"b2")
+    assert log[1:] == [("write", "2", b"b2")]
+
+
 async def test_a_connection_that_waits_keeps_its_order() -> None:
     log: list[tuple[Any, ...]] = []
     first, second, _ = _pair(log)
