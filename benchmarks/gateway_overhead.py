@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -65,6 +64,7 @@ from benchmarks.gateway_procs import (  # noqa: E402
     mock_answer,
     start_gateway,
     start_python_mock,
+    stop_gateways,
     wait_ready,
 )
 from benchmarks.gateway_report import Rounds, Target, print_cpu_split, print_table  # noqa: E402
@@ -265,10 +265,7 @@ async def _run(
     finally:
         if bench is not None:
             await bench.close()
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(timeout=30)
+        stop_gateways(procs)
         if nginx is not None:
             nginx.stop()
         mock_proc.terminate()

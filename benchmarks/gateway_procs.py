@@ -18,12 +18,14 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +218,30 @@ routes = [{{ provider = "stream", model = "echo-chunks-{chunks}" }}]
         [*pin, sys.executable, *launcher, "serve", "--config", str(config)], cwd=tree, env=env
     )
     return proc, f"http://127.0.0.1:{port}"
+
+
+def stop_gateways(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every gateway, then wait for each (they drain at once: nothing is in flight)."""
+    procs = list(procs)
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        proc.wait(timeout=30)
+
+
+async def tear_down(
+    procs: Iterable[subprocess.Popen[bytes]],
+    nginx: Nginx,
+    mock: mp.process.BaseProcess,
+    redis: Redis,
+    prefix: str,
+) -> None:
+    """Stop the gateways, nginx and the Python mock; drop the run's Redis keys."""
+    stop_gateways(procs)
+    nginx.stop()
+    mock.terminate()
+    await drop_prefix(redis, prefix)
+    await redis.aclose()
 
 
 async def wait_ready(root: str, workers: int = 1) -> None:

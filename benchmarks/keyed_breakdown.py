@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,12 +36,12 @@ from benchmarks import wrk_load  # noqa: E402
 from benchmarks.gateway_procs import (  # noqa: E402
     REDIS_URL,
     Nginx,
-    drop_prefix,
     high_limit_key,
     mock_answer,
     request_body,
     start_gateway,
     start_python_mock,
+    tear_down,
     wait_ready,
 )
 from benchmarks.http_load import cpu_jiffies, stolen_share  # noqa: E402
@@ -153,14 +152,7 @@ async def main() -> None:
         _report(p50s)
         print(f"\nstolen by the host: {stolen_share(jiffies, cpu_jiffies()):.1%} of CPU time")
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(timeout=30)
-        nginx.stop()
-        mock_proc.terminate()
-        await drop_prefix(redis, prefix)
-        await redis.aclose()
+        await tear_down(procs, nginx, mock_proc, redis, prefix)
 
 
 if __name__ == "__main__":

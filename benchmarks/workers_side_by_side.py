@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,11 +40,11 @@ from benchmarks import wrk_load  # noqa: E402
 from benchmarks.gateway_procs import (  # noqa: E402
     REDIS_URL,
     Nginx,
-    drop_prefix,
     high_limit_key,
     mock_answer,
     start_gateway,
     start_python_mock,
+    tear_down,
     wait_ready,
 )
 from benchmarks.http_load import (  # noqa: E402
@@ -167,14 +166,7 @@ async def main() -> None:
         )
         _report(trees, loaded, p50)
     finally:
-        for proc, _ in gateways.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc, _ in gateways.values():
-            proc.wait(timeout=30)
-        nginx.stop()
-        mock_proc.terminate()
-        await drop_prefix(redis, prefix)
-        await redis.aclose()
+        await tear_down((proc for proc, _ in gateways.values()), nginx, mock_proc, redis, prefix)
 
 
 if __name__ == "__main__":
