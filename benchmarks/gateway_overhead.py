@@ -31,7 +31,9 @@ p50 at one client <= 0.5 ms, idle memory <= 80 MB, keyed peak throughput with 2 
 one worker's. The machine's load average is printed beside them, with the share of the run's CPU
 time that the host stole (a virtual machine's neighbours: figures from a run with more than a
 few percent stolen are theirs as much as ours), and so is the round trip of one admission made
-alone from one client: the share of the keyed added latency that is Redis's.
+alone from one client: the share of the keyed added latency that is Redis's, and how much more
+CPU-bound work the machine's cores do all busy than one alone (benchmarks/core_scaling.py): on
+a guest whose virtual CPUs are not whole cores, the ceiling of any number of workers.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--tools auto|native|python] [--seconds 2]
         [--requests 1500] [--chunks 20] [--rounds 5]
@@ -53,7 +55,7 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import wrk_load  # noqa: E402
+from benchmarks import core_scaling, wrk_load  # noqa: E402
 from benchmarks.gateway_procs import (  # noqa: E402
     REDIS_URL,
     STREAM_MODEL,
@@ -295,6 +297,7 @@ async def main() -> None:
     args = parser.parse_args()
     native = _tools(args.tools)
     speed_before = python_speed_s()
+    scaling_before = core_scaling.scaling_rounds()
     load_before, jiffies_before = os.getloadavg(), cpu_jiffies()
     prefix = f"bench:{uuid.uuid4().hex}:"
     redis = Redis.from_url(REDIS_URL)
@@ -318,6 +321,7 @@ async def main() -> None:
     load = f"load average before/after: {load_before} / {os.getloadavg()}"
     stolen = stolen_share(jiffies_before, cpu_jiffies())
     speed = f"{speed_before:.2f} s before, {python_speed_s():.2f} s after"
+    scaling_after = core_scaling.scaling_rounds()
     print(f"\nIssue 14 targets ({load}; stolen by the host: {stolen:.1%} of CPU time):")
     print(
         f"  (machine speed: a 10M-step Python loop took {speed}; {REFERENCE_SPEED_S} s where "
@@ -328,6 +332,14 @@ async def main() -> None:
     print(
         f"  (one admission alone, from one client, is {admission_ms:.3f} ms of Redis round trip: "
         "a keyed request waits for it before its upstream call)"
+    )
+    scaling = (
+        f"{core_scaling.describe(scaling_before)} before, {core_scaling.describe(scaling_after)}"
+    )
+    print(
+        f"  (the machine's {os.cpu_count()} cores, all busy, did {scaling} after the work of one "
+        "alone, on a CPU-bound Python loop (benchmarks/core_scaling.py): the most that N workers "
+        "can do over one, before the load generator, the upstream and Redis take their share)"
     )
 
 

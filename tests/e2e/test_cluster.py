@@ -39,6 +39,7 @@ from providers.remote_engine import (
 from tests.e2e.cluster_nodes import (
     SECRET,
     NodeProcess,
+    cluster_status,
     free_port,
     node_sections,
     start_node,
@@ -181,7 +182,9 @@ async def test_a_conversation_is_served_where_its_prefix_is(pair: Cluster) -> No
         stream=True,
         stream_options={"include_usage": True},
     )
-    assert placement(raw.headers) == ("a", "forward"), raw.headers["x-gateway-route"]
+    if placement(raw.headers) != ("a", "forward"):  # what b saw of a, to tell why
+        seen = await cluster_status(pair.session, pair.nodes["b"])
+        pytest.fail(f"{raw.headers['x-gateway-route']}; b's view: {seen}")
     stream = raw.parse()
     text, usage = "", None
     async for chunk in stream:
