@@ -333,13 +333,12 @@ async def main() -> None:
         f"  (one admission alone, from one client, is {admission_ms:.3f} ms of Redis round trip: "
         "a keyed request waits for it before its upstream call)"
     )
-    scaling = (
-        f"{core_scaling.describe(scaling_before)} before, {core_scaling.describe(scaling_after)}"
-    )
+    before, after = core_scaling.describe(scaling_before), core_scaling.describe(scaling_after)
     print(
-        f"  (the machine's {os.cpu_count()} cores, all busy, did {scaling} after the work of one "
-        "alone, on a CPU-bound Python loop (benchmarks/core_scaling.py): the most that N workers "
-        "can do over one, before the load generator, the upstream and Redis take their share)"
+        f"  (the work of all {os.cpu_count()} cores busy over one alone, a CPU-bound Python loop "
+        f"(benchmarks/core_scaling.py): {before} before the run, {after} after; the most that N "
+        "workers can do over one, before the load generator, the upstream and Redis take their "
+        "share)"
     )
 
 
