@@ -44,7 +44,7 @@ def _loops(cpus: list[int], steps: int) -> list[float]:
 
 def scaling_rounds(rounds: int = 6, steps: int = 5_000_000) -> list[float]:
     """Per round: the work per second of every core busy over one core's alone."""
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = sorted(os.sched_getaffinity(0))  # num_cores() of them
     ratios = []
     for i in range(rounds):
         if i % 2 == 0:
@@ -53,6 +53,11 @@ def scaling_rounds(rounds: int = 6, steps: int = 5_000_000) -> list[float]:
             together, alone = _loops(cpus, steps), _loops(cpus[:1], steps)[0]
         ratios.append(sum(alone / t for t in together))
     return ratios
+
+
+def num_cores() -> int:
+    """The cores this process may run on: one loop each in `scaling_rounds`."""
+    return len(os.sched_getaffinity(0))
 
 
 def describe(ratios: list[float]) -> str:
@@ -65,11 +70,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=5_000_000)
     args = parser.parse_args()
-    cores = len(os.sched_getaffinity(0))
-    print(
-        f"{cores} cores, all busy, did {describe(scaling_rounds(args.rounds, args.steps))} the "
-        "work of one alone (a CPU-bound Python loop)"
-    )
+    ratios = scaling_rounds(args.rounds, args.steps)
+    print(f"{num_cores()} cores busy did {describe(ratios)} the work of one alone (a Python loop)")
 
 
 if __name__ == "__main__":

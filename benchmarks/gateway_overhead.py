@@ -297,8 +297,8 @@ async def main() -> None:
     args = parser.parse_args()
     native = _tools(args.tools)
     speed_before = python_speed_s()
-    scaling_before = core_scaling.scaling_rounds()
     load_before, jiffies_before = os.getloadavg(), cpu_jiffies()
+    scaling_before = core_scaling.scaling_rounds()  # after the load average: it loads every core
     prefix = f"bench:{uuid.uuid4().hex}:"
     redis = Redis.from_url(REDIS_URL)
     try:
@@ -335,7 +335,8 @@ async def main() -> None:
     )
     before, after = core_scaling.describe(scaling_before), core_scaling.describe(scaling_after)
     print(
-        f"  (the work of all {os.cpu_count()} cores busy over one alone, a CPU-bound Python loop "
+        f"  (the work of all {core_scaling.num_cores()} cores busy over one alone, a CPU-bound "
+        "Python loop "
         f"(benchmarks/core_scaling.py): {before} before the run, {after} after; the most that N "
         "workers can do over one, before the load generator, the upstream and Redis take their "
         "share)"
