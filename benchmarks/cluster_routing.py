@@ -37,8 +37,8 @@ from typing import Any
 import aiohttp
 from redis.asyncio import Redis
 
-from providers.local_setup import resolve_checkpoint
-from tests.e2e.cluster_nodes import (
+from providers.local.setup import resolve_checkpoint
+from testkit.cluster_nodes import (
     NodeProcess,
     node_sections,
     start_node,

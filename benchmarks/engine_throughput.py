@@ -36,7 +36,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.model.checkpoint import load_generation_config, load_model
 from backend.model.model import DeepseekV3ForCausalLM
-from providers.local_setup import resolve_checkpoint
+from providers.local.setup import resolve_checkpoint
 
 NUM_REQUESTS = 64
 PROMPT_RANGE = (128, 512)
@@ -244,11 +244,11 @@ async def gateway_latency(args: argparse.Namespace, checkpoint: Path) -> None:
     from redis.asyncio import Redis
 
     from gateway.app import create_app
-    from gateway.http_server import GatewayRunner
+    from gateway.config.settings import Settings
     from gateway.keys.records import KeyCreate
     from gateway.keys.store import KeyStore
-    from gateway.logging import configure_logging
-    from gateway.settings import Settings
+    from gateway.observability.logging import configure_logging
+    from gateway.server.http_server import GatewayRunner
 
     prefix = f"bench:{uuid.uuid4().hex}:"
     settings = Settings(

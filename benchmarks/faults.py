@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from redis.asyncio import Redis  # noqa: E402
 
-from tests.fault_drills import (  # noqa: E402
+from testkit.fault_drills import (  # noqa: E402
     Account,
     GatewayProcess,
     Load,
@@ -49,7 +49,7 @@ from tests.fault_drills import (  # noqa: E402
     create_key,
     recovered,
 )
-from tests.mock_upstream import MockUpstream  # noqa: E402
+from testkit.mock_upstream import MockUpstream  # noqa: E402
 
 MODEL = "echo-chunks-20-gap-0.05"  # a stream of about one second
 

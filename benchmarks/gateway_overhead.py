@@ -25,15 +25,13 @@ per burst: it drifts far less than wall-clock figures, and it bounds throughput:
 a path can serve at most N / (total CPU per request) requests/s, printed beside the 2-worker
 ratio.
 
-Issue-14 targets, printed last: CPU per request at c=64 (auth off: <= 0.35 ms JSON, <= 0.5 ms per
+Targets, printed last: CPU per request at c=64 (auth off: <= 0.35 ms JSON, <= 0.5 ms per
 20-chunk stream; keyed with every limit on: <= 0.5 ms JSON including Redis's CPU), keyed added
 p50 at one client <= 0.5 ms, idle memory <= 80 MB, keyed peak throughput with 2 workers >= 1.6x
 one worker's. The machine's load average is printed beside them, with the share of the run's CPU
 time that the host stole (a virtual machine's neighbours: figures from a run with more than a
 few percent stolen are theirs as much as ours), and so is the round trip of one admission made
-alone from one client: the share of the keyed added latency that is Redis's, and how much more
-CPU-bound work the machine's cores do all busy than one alone (benchmarks/core_scaling.py): on
-a guest whose virtual CPUs are not whole cores, the ceiling of any number of workers.
+alone from one client: the share of the keyed added latency that is Redis's.
 
     .venv/bin/python benchmarks/gateway_overhead.py [--tools auto|native|python] [--seconds 2]
         [--requests 1500] [--chunks 20] [--rounds 5]
@@ -55,8 +53,9 @@ from redis.asyncio import Redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import core_scaling, wrk_load  # noqa: E402
-from benchmarks.gateway_procs import (  # noqa: E402
+from benchmarks.gateway_report import Rounds, Target, print_cpu_split, print_table  # noqa: E402
+from testkit import wrk_load  # noqa: E402
+from testkit.gateway_procs import (  # noqa: E402
     REDIS_URL,
     STREAM_MODEL,
     Nginx,
@@ -69,8 +68,7 @@ from benchmarks.gateway_procs import (  # noqa: E402
     stop_gateways,
     wait_ready,
 )
-from benchmarks.gateway_report import Rounds, Target, print_cpu_split, print_table  # noqa: E402
-from benchmarks.http_load import (  # noqa: E402
+from testkit.http_load import (  # noqa: E402
     REFERENCE_SPEED_S,
     Bench,
     Burst,
@@ -95,8 +93,9 @@ def _peak(r: Round, label: str) -> float:
     return max(r[(label, Level(c, False))].rps for c in CONCURRENCY)
 
 
-def _earlier_targets(rounds: Rounds, chunks: int) -> list[Target]:
-    """The targets of the issues before 14 (2-core machine)."""
+def _latency_targets(rounds: Rounds, chunks: int) -> list[Target]:
+    """Added latency at one client, peak throughput, streaming CPU per chunk, and what keys and
+    limits add to the open path (2-core machine)."""
     json1, stream1 = Level(1, False), Level(1, True)
     targets = []
     for label in ("open", "keyed"):
@@ -141,7 +140,7 @@ def _earlier_targets(rounds: Rounds, chunks: int) -> list[Target]:
     ]
 
 
-def _issue14_targets(rounds: Rounds, idle_mb: float) -> list[Target]:
+def _cpu_targets(rounds: Rounds, idle_mb: float) -> list[Target]:
     """CPU per request at c=64 (where the machine is saturated and CPU bounds throughput; the
     gateway's own processes, Redis added for keyed), added p50 at one client, idle memory, and
     keyed throughput with 2 workers against 1."""
@@ -298,7 +297,6 @@ async def main() -> None:
     native = _tools(args.tools)
     speed_before = python_speed_s()
     load_before, jiffies_before = os.getloadavg(), cpu_jiffies()
-    scaling_before = core_scaling.scaling_rounds()  # after the load average: it loads every core
     prefix = f"bench:{uuid.uuid4().hex}:"
     redis = Redis.from_url(REDIS_URL)
     try:
@@ -315,31 +313,22 @@ async def main() -> None:
     )
     print_table(rounds, PATHS, LEVELS)
     print_cpu_split(rounds, PATHS, Level(64, False), os.cpu_count() or 1)
-    print("\nEarlier targets (median over rounds, and the range of the per-round figures):")
-    for target in _earlier_targets(rounds, args.chunks):
+    print("\nLatency targets (median over rounds, and the range of the per-round figures):")
+    for target in _latency_targets(rounds, args.chunks):
         print(target.line())
     load = f"load average before/after: {load_before} / {os.getloadavg()}"
     stolen = stolen_share(jiffies_before, cpu_jiffies())
     speed = f"{speed_before:.2f} s before, {python_speed_s():.2f} s after"
-    scaling_after = core_scaling.scaling_rounds()
-    print(f"\nIssue 14 targets ({load}; stolen by the host: {stolen:.1%} of CPU time):")
+    print(f"\nCPU and memory targets ({load}; stolen by the host: {stolen:.1%} of CPU time):")
     print(
         f"  (machine speed: a 10M-step Python loop took {speed}; {REFERENCE_SPEED_S} s where "
         "the CPU targets were met: CPU figures scale with it)"
     )
-    for target in _issue14_targets(rounds, idle_mb):
+    for target in _cpu_targets(rounds, idle_mb):
         print(target.line())
     print(
         f"  (one admission alone, from one client, is {admission_ms:.3f} ms of Redis round trip: "
         "a keyed request waits for it before its upstream call)"
-    )
-    before, after = core_scaling.describe(scaling_before), core_scaling.describe(scaling_after)
-    print(
-        f"  (the work of all {core_scaling.num_cores()} cores busy over one alone, a CPU-bound "
-        "Python loop "
-        f"(benchmarks/core_scaling.py): {before} before the run, {after} after; the most that N "
-        "workers can do over one, before the load generator, the upstream and Redis take their "
-        "share)"
     )
 
 

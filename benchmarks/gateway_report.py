@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from benchmarks.http_load import Burst, Level
+from testkit.http_load import Burst, Level
 
 Rounds = list[dict[tuple[str, Level], Burst]]
 

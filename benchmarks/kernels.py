@@ -5,7 +5,7 @@ q_lora_rank 1536, kv_lora_rank 512, rope 64, 256 experts of 2048 with top-8), th
 slice of the model (``benchmarks/kernel_slice.py``). ``--smoke`` runs tiny widths on the CPU
 under Triton's interpreter, to check the script itself; its figures mean nothing.
 
-Targets (issue 15): MLA decode at batch 64 over 4K contexts >= 70% of HBM bandwidth; fused MoE
+Targets: MLA decode at batch 64 over 4K contexts >= 70% of HBM bandwidth; fused MoE
 decode >= 60% of bandwidth; FP8 GEMM at prefill sizes >= 60% of FP8 peak.
 """
 

@@ -1,4 +1,4 @@
-"""Routing by difficulty on the evaluation set (tests/gateway/routing_eval/prompts.jsonl).
+"""Routing by difficulty on the evaluation set (testkit/routing_eval/prompts.jsonl).
 
 Prints, for the default routing settings (or --config's), the threshold chosen on the tuning
 half, the agreement with the labels on the held-out half (overall, per language), its confusion
@@ -43,18 +43,18 @@ from backend.engine.engine_config import EngineConfig  # noqa: E402
 from backend.engine.interface import EngineStats  # noqa: E402
 from backend.engine.request import Request  # noqa: E402
 from backend.engine.sampling_params import SamplingParams  # noqa: E402
+from gateway.config.routing import RoutingSettings, ScorerSettings  # noqa: E402
+from gateway.config.settings import load_settings  # noqa: E402
+from gateway.pipeline.prompt_estimates import estimate_prompt_tokens  # noqa: E402
 from gateway.routing.aliases import Route  # noqa: E402
 from gateway.routing.decide import Decider, RoutingInput  # noqa: E402
 from gateway.routing.judge import Judge  # noqa: E402
 from gateway.routing.policy import KeyPolicy  # noqa: E402
 from gateway.routing.signals import SIGNALS, signals_of  # noqa: E402
 from gateway.routing.sticky import Stickiness  # noqa: E402
-from gateway.routing_settings import RoutingSettings, ScorerSettings  # noqa: E402
-from gateway.settings import load_settings  # noqa: E402
-from gateway.tokens import estimate_prompt_tokens  # noqa: E402
-from providers.local import LocalProvider  # noqa: E402
+from providers.local.provider import LocalProvider  # noqa: E402
 from providers.types import ChatRequest, Message, PreparedPrompt  # noqa: E402
-from tests.gateway.routing_eval import (  # noqa: E402
+from testkit.routing_eval import (  # noqa: E402
     Item,
     agreement,
     best_threshold,

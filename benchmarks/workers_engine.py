@@ -31,14 +31,14 @@ from redis.asyncio import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gateway_procs import (  # noqa: E402
+from testkit.gateway_procs import (  # noqa: E402
     REDIS_URL,
     ROOT,
     drop_prefix,
     free_port,
     high_limit_key,
 )
-from benchmarks.http_load import cpu_seconds, load  # noqa: E402
+from testkit.http_load import cpu_seconds, load  # noqa: E402
 
 CHECKPOINT = ROOT / ".data" / "bench-tiny"
 

@@ -9,9 +9,18 @@ import structlog
 from aiohttp import web
 
 from gateway import handlers
-from gateway.access import AccessControl
+from gateway.access.contract import AccessControl
+from gateway.access.open import OpenAccess
 from gateway.admin.api import setup_admin
-from gateway.appkeys import (
+from gateway.cluster.node import open_cluster
+from gateway.config.settings import Settings
+from gateway.keys.redis_access import RedisAccessControl
+from gateway.observability.metrics import Metrics
+from gateway.openapi import setup_openapi
+from gateway.pipeline.output_limits import OutputLimits
+from gateway.pipeline.pipeline import Pipeline
+from gateway.provider_factory import open_providers
+from gateway.resources import (
     ACCESS,
     BREAKERS,
     CLUSTER,
@@ -24,26 +33,17 @@ from gateway.appkeys import (
     SIGNER,
     WORKER,
 )
-from gateway.cluster.node import open_cluster
-from gateway.keepalive import KeepAlive
-from gateway.keys.access import RedisAccessControl
-from gateway.metrics import Metrics
-from gateway.middleware import add_request_id, error_middleware
-from gateway.open_access import OpenAccess
-from gateway.openapi import setup_openapi
-from gateway.output_limits import OutputLimits
-from gateway.pipeline import Pipeline
-from gateway.provider_factory import open_providers
-from gateway.redis_server import open_redis
 from gateway.routing import Router
 from gateway.routing.breaker import Breakers
 from gateway.routing.decide import Decider
 from gateway.routing.explain import add_route_header
 from gateway.routing.plan import RoutePlanner
 from gateway.routing.sticky import Stickiness
-from gateway.settings import Settings
-from gateway.thinking_signature import ThinkingSigner
-from providers.busy_wait import NO_SPIN, BusyWait, Spin
+from gateway.server.middleware import add_request_id, error_middleware
+from gateway.server.redis_server import open_redis
+from gateway.server.sse_stream import KeepAlive
+from gateway.wire.thinking_signature import ThinkingSigner
+from plumbing.busy_wait import NO_SPIN, BusyWait, Spin
 
 log = structlog.get_logger("gateway.app")
 
@@ -69,7 +69,7 @@ def create_app(settings: Settings, *, worker: int = 0) -> web.Application:
 
         app.add_routes(internal.routes())
     if shares_engine:
-        from gateway import engine_share
+        from gateway.engine_host import worker_share as engine_share
 
         app.add_routes(engine_share.routes())
     setup_admin(app, settings)
@@ -129,7 +129,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             open_providers(settings, app[METRICS], cluster, worker=worker, busy=busy)
         )
         if settings.shares_engine and worker == 0:
-            from gateway.engine_share import engine_share
+            from gateway.engine_host.worker_share import engine_share
 
             app[ENGINE_HOST] = engine_share(settings, providers)
         direct = {name: p.direct_models for name, p in settings.live_providers()[0].items()}

@@ -6,10 +6,10 @@ import argparse
 from collections.abc import Sequence
 
 from gateway.admin import keys_cli
-from gateway.logging import configure_logging
-from gateway.serve import serve_process
-from gateway.settings import load_settings
-from gateway.workers import serve_workers
+from gateway.config.settings import load_settings
+from gateway.observability.logging import configure_logging
+from gateway.server.serve import serve_process
+from gateway.server.workers import serve_workers
 
 
 def build_parser() -> argparse.ArgumentParser:

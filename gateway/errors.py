@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.redact import redact_text
+from gateway.observability.redact import redact_text
 from providers import errors as perr
 
 

@@ -7,8 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.access import Principal
-from gateway.appkeys import (
+from gateway.access.contract import Principal
+from gateway.errors import AuthenticationError, InvalidRequest
+from gateway.resources import (
     ACCESS,
     BREAKERS,
     METRICS,
@@ -19,9 +20,8 @@ from gateway.appkeys import (
     SIGNER,
     WORKER,
 )
-from gateway.errors import AuthenticationError, InvalidRequest
-from gateway.middleware import REQUEST_ID
-from gateway.request_body import read_body
+from gateway.server.middleware import REQUEST_ID
+from gateway.server.request_body import read_body
 from gateway.wire.chat_request import parse_chat, parse_completion
 from gateway.wire.chat_response import ChatWire
 from gateway.wire.completion_response import CompletionWire
@@ -30,7 +30,7 @@ from gateway.wire.messages_response import MessagesWire
 from gateway.wire.messages_tokens import count_message_tokens
 from gateway.wire.responses_request import parse_responses
 from gateway.wire.responses_response import ResponsesWire
-from providers import jsoncodec
+from plumbing import jsoncodec
 from providers.base import ModelCard
 
 

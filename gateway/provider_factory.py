@@ -2,9 +2,9 @@
 
 `open_providers` yields one Provider per live provider in settings (`Settings.live_providers`):
 kind "openai" -> `OpenAIUpstream`, kind "anthropic" -> `AnthropicUpstream`, kind "local" -> the
-embedded engine (`gateway.local_engine`, whose engine stats also become Prometheus gauges in the
-app's registry), or, in workers 1..N-1 of `[server] workers`, worker 0's engine reached over its
-socket (`gateway.engine_share`).
+embedded engine (`gateway.engine_host.embedded`, whose engine stats also become Prometheus gauges
+in the app's registry), or, in workers 1..N-1 of `[server] workers`, worker 0's engine reached over
+its socket (`gateway.engine_host.worker_share`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import structlog
 
 from gateway.cluster.node import ClusterNode
-from gateway.metrics import Metrics
-from gateway.settings import ProviderSettings, Settings
-from providers.anthropic_upstream import AnthropicUpstream
+from gateway.config.settings import ProviderSettings, Settings
+from gateway.observability.metrics import Metrics
+from plumbing.busy_wait import BusyWait
 from providers.base import Provider
-from providers.busy_wait import BusyWait
-from providers.openai_upstream import OpenAIUpstream, UpstreamConfig
+from providers.upstream.anthropic import AnthropicUpstream
+from providers.upstream.openai import OpenAIUpstream, UpstreamConfig
 
 log = structlog.get_logger("gateway.providers")
 
@@ -67,17 +67,17 @@ async def open_providers(
         for name, provider_settings in live.items():
             if provider_settings.kind == "local" and settings.shares_engine and worker > 0:
                 # Imported here: the tokenizer, which a gateway of upstreams never needs.
-                from gateway.engine_share import open_shared_local_engine
+                from gateway.engine_host.worker_share import open_worker_engine_client
 
                 providers[name] = await stack.enter_async_context(
-                    open_shared_local_engine(name, settings, metrics)
+                    open_worker_engine_client(name, settings, metrics)
                 )
             elif provider_settings.kind == "local":
                 # Imported here: it loads torch, which a gateway of upstreams never needs.
-                from gateway.local_engine import open_local_engine
+                from gateway.engine_host.embedded import open_embedded_engine
 
                 providers[name] = await stack.enter_async_context(
-                    open_local_engine(name, settings.engine, metrics, cluster)
+                    open_embedded_engine(name, settings.engine, metrics, cluster)
                 )
             else:
                 config = upstream_config(name, provider_settings)

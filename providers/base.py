@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Protocol, runtime_checkable
 
-from providers.record import record
+from plumbing.record import record
 from providers.types import ChatRequest, Event
 
 

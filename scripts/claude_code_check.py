@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.text.tokenizer import Tokenizer  # noqa: E402
 from gateway.app import create_app  # noqa: E402
+from gateway.config.settings import Settings  # noqa: E402
 from gateway.keys.records import KeyCreate  # noqa: E402
 from gateway.keys.store import KeyStore  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
-from tests.e2e.scripted_model import (  # noqa: E402
+from testkit.scripted_model import (  # noqa: E402
     build_tiny_checkpoint,
     rewire_checkpoint,
     tool_call_text,

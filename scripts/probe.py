@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.probe import fault_checks, sdk_checks, wire_checks  # noqa: E402
-from tests.probe.results import Results  # noqa: E402
-from tests.probe.stage import staged  # noqa: E402
+from testkit.probe import fault_checks, sdk_checks, wire_checks  # noqa: E402
+from testkit.probe.results import Results  # noqa: E402
+from testkit.probe.stage import staged  # noqa: E402
 
 GROUPS = {"sdk": sdk_checks.run, "raw": wire_checks.run, "faults": fault_checks.run}
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: a mock OpenAI-compatible upstream and a free local port."""
+"""Shared fixtures: a mock OpenAI-compatible upstream and a free local port; the fixtures of
+`tests/support` are registered here as plugins, so every test module may use them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.mock_upstream import MockUpstream
+from testkit.mock_upstream import MockUpstream
+
+pytest_plugins = [
+    "tests.support.fixtures",
+    "tests.support.local_gateway",
+    "tests.support.messages_gateway",
+]
 
 
 @pytest.fixture

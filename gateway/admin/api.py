@@ -16,13 +16,13 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from gateway.appkeys import REDIS
+from gateway.config.settings import Settings
 from gateway.errors import AuthenticationError, InvalidRequest, PayloadTooLarge, PermissionDenied
 from gateway.keys.records import KeyCreate, KeyRecord, KeyUpdate, UsageQuery
 from gateway.keys.store import KeyStore
 from gateway.keys.usage import UsageReader
-from gateway.request_body import read_body
-from gateway.settings import Settings
+from gateway.resources import REDIS
+from gateway.server.request_body import read_body
 
 log = structlog.get_logger("gateway.admin")
 

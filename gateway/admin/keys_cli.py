@@ -16,14 +16,14 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from gateway.config.settings import load_settings
 from gateway.errors import GatewayError
 from gateway.keys.records import KeyCreate, KeyUpdate, UsageQuery
 from gateway.keys.store import KeyStore
 from gateway.keys.usage import UsageReader
-from gateway.logging import configure_logging
-from gateway.redact import redact_text
-from gateway.redis_server import RedisNotReady, open_redis
-from gateway.settings import load_settings
+from gateway.observability.logging import configure_logging
+from gateway.observability.redact import redact_text
+from gateway.server.redis_server import RedisNotReady, open_redis
 
 Action = Callable[[KeyStore, UsageReader, argparse.Namespace], Awaitable[Any]]
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from backend.engine.block_hash import HASH_SIZE, block_hash
 from backend.engine.blocks import BlockEvicted, BlockStored
-from providers.record import record
+from plumbing.record import record
 
 _STORED, _EVICTED, _CLEARED = b"S", b"E", b"C"
 

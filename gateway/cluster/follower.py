@@ -24,7 +24,7 @@ from gateway.cluster.events import MalformedBatch, decode_batch
 from gateway.cluster.index import Applied, PrefixIndex
 from gateway.cluster.keys import ClusterKeys, NodeRecord
 from gateway.cluster.scoring import NodeLoad
-from gateway.cluster_settings import ClusterSettings
+from gateway.config.cluster import ClusterSettings
 
 log = structlog.get_logger("gateway.cluster.follower")
 

@@ -2,10 +2,10 @@
 
 Authenticated by the shared node secret in `x-node-secret` (compared in constant time); user
 API keys never open it, and it exists only where an engine is served to others: a cluster node
-(`cluster.enabled`), or worker 0 of `[server] workers` > 1 (gateway/engine_share.py), which
-serves it on `cluster.internal_socket` only. No admission, usage or
+(`cluster.enabled`), or worker 0 of `[server] workers` > 1 (gateway/engine_host/worker_share.py),
+which serves it on `cluster.internal_socket` only. No admission, usage or
 parsing here: the process the client reached does all of that. The answer streams RequestOutputs
-as JSON lines (providers/remote_engine.py); a client that goes away aborts the request.
+as JSON lines (providers/local/remote_engine.py); a client that goes away aborts the request.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from backend.engine.interface import (
     EngineOverloaded,
 )
 from backend.engine.sampling_params import SamplingParams
-from gateway.appkeys import CLUSTER, ENGINE_HOST, SETTINGS, EngineHost
 from gateway.cluster.node import ClusterNode
 from gateway.errors import AuthenticationError, InvalidRequest, NotFound, ServiceUnavailable
-from gateway.request_body import read_body
-from providers import jsoncodec
-from providers.remote_engine import (
+from gateway.resources import CLUSTER, ENGINE_HOST, SETTINGS, EngineHost
+from gateway.server.request_body import read_body
+from plumbing import jsoncodec
+from providers.local.remote_engine import (
     GENERATE_PATH,
     SECRET_HEADER,
     output_to_json,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from providers.record import record
+from plumbing.record import record
 
 
 @record

@@ -13,8 +13,8 @@ from redis.asyncio import Redis
 
 from gateway.cluster.keys import ClusterKeys
 from gateway.cluster.publisher import BlockEventBuffer
-from gateway.cluster_settings import ClusterSettings
-from gateway.settings import Settings
+from gateway.config.cluster import ClusterSettings
+from gateway.config.settings import Settings
 
 if TYPE_CHECKING:
     from backend.engine.async_engine import AsyncEngine

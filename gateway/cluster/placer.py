@@ -23,9 +23,9 @@ from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
 from gateway.cluster.follower import IndexFollower
 from gateway.cluster.scoring import NodeLoad, PendingMarks, Placement, Weights, place
-from gateway.cluster_settings import ClusterSettings
-from providers.engine_client import EngineClient, EngineFit
-from providers.remote_engine import PeerUnreachable, RemoteEngine, split_base
+from gateway.config.cluster import ClusterSettings
+from providers.local.engine_client import EngineClient, EngineFit
+from providers.local.remote_engine import PeerUnreachable, RemoteEngine, split_base
 from providers.types import RouteTrace
 
 

@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from backend.engine.blocks import BlockEvent, BlockEvicted, BlockStored
 from gateway.cluster.events import AllBlocksCleared, IndexEvent, encode_batch
 from gateway.cluster.keys import ClusterKeys, NodeRecord
-from gateway.cluster_settings import ClusterSettings
+from gateway.config.cluster import ClusterSettings
 
 log = structlog.get_logger("gateway.cluster.publisher")
 

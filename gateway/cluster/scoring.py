@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from gateway.cluster.index import HolderLookup, longest_prefixes
-from providers.record import record
+from plumbing.record import record
 
 
 @record

@@ -1,3 +1,7 @@
 """Unified API keys on Redis: records and secrets (`store`), budgets and rate limits
-(`limiter`, Lua scripts under `lua/`), usage accounting (`usage`), the AccessControl
-implementation (`access`), the admin HTTP API (`admin`) and its command line (`cli`)."""
+(`limiter`, Lua scripts under `lua/`, batched by `script_batch` and `script_channel`), usage
+accounting (`usage`), durable settlement (`keeper`, `spool`) and the AccessControl
+implementation over them (`redis_access`).
+
+May import `gateway.access.contract`, `gateway.config`, `gateway.errors`, `gateway.observability`,
+`providers` and `plumbing`."""

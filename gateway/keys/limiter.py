@@ -45,8 +45,8 @@ from gateway.errors import (
 from gateway.keys.script_batch import Arg, BatchedScript, Script, ScriptBatcher
 from gateway.keys.store import KeySpace, batched_lua, lua, text
 from gateway.keys.usage import RECORD_FIELDS, UsageEntry
-from providers.busy_wait import BusyWait
-from providers.record import record
+from plumbing.busy_wait import BusyWait
+from plumbing.record import record
 
 _WINDOW_MS = 60_000
 _DAY_SPENT_TTL_MS = 2 * 86_400_000

@@ -29,7 +29,7 @@ still runs atomically on its own.
   the future's result, or raises: it runs as the reply is read, so the caller's own work on the
   reply costs no extra turn of the event loop.
 - Waiting for replies, the event loop keeps turning instead of sleeping, as the process's
-  `BusyWait` (providers/busy_wait.py) says: each call awaited is one answer it waits for.
+  `BusyWait` (plumbing/busy_wait.py) says: each call awaited is one answer it waits for.
 - No reply within `timeout_s` fails every call waiting on the connection with a redis-py
   `TimeoutError` and closes it; a lost connection fails them with `ConnectionError`. The next
   call opens a new connection. Both are `RedisError`s, which the gateway answers with a 503.
@@ -51,8 +51,8 @@ from redis.asyncio.connection import SSLConnection
 from redis.exceptions import InvalidResponse
 
 from gateway.keys.script_channel import Arg, Call, Channel, Parse, Script, Unsent, resolve
-from providers.busy_wait import BusyWait
-from providers.record import record
+from plumbing.busy_wait import BusyWait
+from plumbing.record import record
 
 __all__ = [
     "Arg",

@@ -21,8 +21,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from providers.busy_wait import BusyWait
-from providers.record import record
+from plumbing.busy_wait import BusyWait
+from plumbing.record import record
 
 Arg = str | int | bytes
 # The raw reply, or the exception the call failed with -> the caller's result (or it raises).

@@ -14,10 +14,10 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gateway.access import Grant, Outcome
+from gateway.access.contract import Grant, Outcome
 from gateway.keys.records import UsageQuery
 from gateway.keys.store import KeySpace, text
-from providers.record import record
+from plumbing.record import record
 
 METRICS = (
     "requests",

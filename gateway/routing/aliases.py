@@ -18,10 +18,10 @@ import time
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
 
+from gateway.config.settings import ModelSettings, RoutingMode
 from gateway.errors import NotFound
-from gateway.settings import ModelSettings, RoutingMode
+from plumbing.record import record
 from providers.base import ModelCard, Provider
-from providers.record import record
 
 
 @record

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Literal
 
-from gateway.routing_settings import BreakerSettings
+from gateway.config.routing import BreakerSettings
 
 State = Literal["closed", "open", "half_open"]
 

@@ -25,15 +25,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Mapping
 
+from gateway.config.routing import RoutingSettings
+from gateway.config.settings import RoutingMode
 from gateway.errors import PermissionDenied
 from gateway.routing.aliases import Route
 from gateway.routing.judge import Judge, Verdict
 from gateway.routing.local_first import LoadChoice, LocalFirst
 from gateway.routing.policy import KeyPolicy
 from gateway.routing.sticky import Stickiness, conversation_id, is_follow_up
-from gateway.routing_settings import RoutingSettings
-from gateway.settings import RoutingMode
-from providers.record import record
+from plumbing.record import record
 from providers.types import ChatRequest
 
 

@@ -6,11 +6,11 @@ seam (`decide.Decider`) reads the conversation's mode from Redis before calling 
 
 from __future__ import annotations
 
+from gateway.config.routing import RoutingSettings
 from gateway.routing.rules import compile_rules
 from gateway.routing.scorer import Scorer
 from gateway.routing.signals import scanned_text, signals_of, user_turns
-from gateway.routing_settings import RoutingSettings
-from providers.record import record
+from plumbing.record import record
 from providers.types import ChatRequest
 
 

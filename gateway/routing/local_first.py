@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal, Protocol, runtime_checkable
 
+from gateway.config.routing import RoutingSettings
 from gateway.routing.aliases import Route
-from gateway.routing_settings import RoutingSettings
-from providers.record import record
+from plumbing.record import record
 from providers.types import EngineFit, PreparedPrompt, ProviderLoad
 
 LoadChoice = Literal["none", "local", "prefix", "queue", "context"]
@@ -34,7 +34,7 @@ _NOTES = {"prefix": "kept=prefix", "queue": "overflow=queue", "context": "overfl
 
 @runtime_checkable
 class LocalEngine(Protocol):
-    """What a local-engine provider tells the router (providers/local.py)."""
+    """What a local-engine provider tells the router (providers/local/provider.py)."""
 
     def load(self) -> ProviderLoad | None:
         """None: not ready (a serving worker whose engine in worker 0 has not answered)."""

@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gateway.access import Principal, require_model
+from gateway.access.contract import Principal, require_model
 from gateway.errors import NotFound
-from gateway.metrics import Metrics
+from gateway.observability.metrics import Metrics
+from gateway.pipeline.prompt_estimates import prompt_tokens
 from gateway.routing.aliases import Route, Router
 from gateway.routing.decide import Decider, Decision, RoutingInput
 from gateway.routing.explain import on_off
-from gateway.tokens import prompt_tokens
 from providers.types import ChatRequest
 
 

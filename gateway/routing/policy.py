@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from providers.record import record
+from plumbing.record import record
 
 ThinkingPolicy = Literal["off", "auto", "on", "client"]
 ProviderPolicy = Literal["local", "any"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from gateway.routing_settings import RuleSettings
-from providers.record import record
+from gateway.config.routing import RuleSettings
+from plumbing.record import record
 from providers.types import ChatRequest
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
+from gateway.config.routing import ScorerSettings
 from gateway.routing.signals import SIGNALS, Signals
-from gateway.routing_settings import ScorerSettings
 
 
 class Scorer:

@@ -19,7 +19,7 @@ import math
 import re
 
 from gateway.routing.phrases import PhraseIndex
-from providers.record import record
+from plumbing.record import record
 from providers.types import ChatRequest
 
 SIGNALS = (

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from gateway.errors import GatewayError
-from providers import jsoncodec
+from plumbing import jsoncodec
 from providers.types import (
     Event,
     Finish,

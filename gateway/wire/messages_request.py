@@ -12,7 +12,7 @@ Mapping:
   `document` is refused with a 400.
 - assistant content: text blocks joined; `tool_use` -> tool_calls (input as JSON text);
   `thinking` -> reasoning_content when its signature is this gateway's for the same key (see
-  gateway/thinking_signature.py), else dropped, as is `redacted_thinking`. An assistant message
+  gateway/wire/thinking_signature.py), else dropped, as is `redacted_thinking`. An assistant message
   left with nothing is dropped, so a thinking-only turn never fails the request.
 - `tools`: custom tools (`input_schema`) pass; Anthropic-defined and server tools (a `type`
   other than "custom") have no equivalent here and are dropped.
@@ -39,9 +39,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import InvalidRequest
-from gateway.thinking_signature import is_gateway_signature
 from gateway.wire.bounds import INT32_MAX, OutputTokens
 from gateway.wire.chat_request import validate_body
+from gateway.wire.thinking_signature import is_gateway_signature
 from providers.types import ChatRequest, Message, Sampling, Tool, ToolCall
 
 _IGNORE = ConfigDict(extra="ignore")

@@ -9,7 +9,7 @@ is stopped (so it cannot pass for finished).
 
 Blocks: reasoning -> `thinking` (`thinking_delta`s, then a `signature_delta`: the provider's own
 signature where it gave one, an Anthropic upstream's, else this gateway's; see
-gateway/thinking_signature.py); text -> `text` (`text_delta`); each tool call ->
+gateway/wire/thinking_signature.py); text -> `text` (`text_delta`); each tool call ->
 `tool_use`, whose input is sent as one `input_json_delta` when the call is complete, checked to
 be a JSON object (`{}` when the model's arguments were not one), since the clients parse every
 fragment as partial JSON and fail on anything else.
@@ -24,7 +24,7 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.wire.messages_errors import anthropic_error
-from providers import jsoncodec
+from plumbing import jsoncodec
 from providers.types import (
     Event,
     Finish,

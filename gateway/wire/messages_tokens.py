@@ -1,17 +1,18 @@
 """`POST /v1/messages/count_tokens`: the prompt tokens a Messages request would take on the
 first route of its model. Exact where the route's provider counts (the local engine: its
 tokenizer, chat template and tools prompt, with the route's thinking switch); elsewhere the
-estimate admission reserves (gateway/tokens.py), which errs high for English text.
+estimate admission reserves (gateway/pipeline/prompt_estimates.py), which errs high for English
+text.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from gateway.access import Principal, require_model
+from gateway.access.contract import Principal, require_model
 from gateway.errors import provider_error_to_gateway
+from gateway.pipeline.prompt_estimates import estimate_prompt_tokens
 from gateway.routing import Router
-from gateway.tokens import estimate_prompt_tokens
 from providers import errors as perr
 from providers.types import ChatRequest
 

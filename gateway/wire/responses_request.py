@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.errors import InvalidRequest
 from gateway.wire.bounds import OutputTokens
 from gateway.wire.chat_request import validate_body
-from providers.record import record
+from plumbing.record import record
 from providers.types import ChatRequest, Message, Role, Sampling, Tool, ToolCall
 
 _IGNORE = ConfigDict(extra="ignore")

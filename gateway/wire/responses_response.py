@@ -24,7 +24,7 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.wire.responses_request import ToolName, encode_reasoning
-from providers import jsoncodec
+from plumbing import jsoncodec
 from providers.types import (
     Event,
     Finish,

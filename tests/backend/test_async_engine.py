@@ -23,7 +23,7 @@ from backend.engine.engine_config import EngineConfig
 from backend.engine.sampling_params import SamplingParams
 from backend.model.fingerprint import checkpoint_fingerprint
 from backend.model.model import DeepseekV3ForCausalLM
-from tests.backend.engine_helpers import (
+from tests.support.engine import (
     GREEDY,
     engine_config,
     make_engine,

@@ -16,7 +16,7 @@ from backend.engine.sampling_params import SamplingParams
 from backend.generate import logits_for
 from backend.model.checkpoint import load_generation_config
 from backend.model.model import DeepseekV3ForCausalLM
-from tests.backend.engine_helpers import (
+from tests.support.engine import (
     GREEDY,
     HASH_SEED,
     engine_config,

@@ -12,7 +12,7 @@ from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
 from backend.generate import logits_for
 from backend.model.cache import ForwardBatch
 from backend.model.model import DeepseekV3ForCausalLM
-from tests.backend.engine_helpers import (
+from tests.support.engine import (
     engine_config,
     make_runner,
 )

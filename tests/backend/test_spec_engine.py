@@ -18,7 +18,7 @@ from backend.engine.sampler import Sampler, SampleRow
 from backend.engine.sampling_params import SamplingParams
 from backend.generate import logits_for
 from backend.model.model import DeepseekV3ForCausalLM
-from tests.backend.engine_helpers import (
+from tests.support.engine import (
     GREEDY,
     engine_config,
     make_engine,

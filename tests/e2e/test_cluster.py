@@ -26,17 +26,17 @@ from backend.model.fingerprint import checkpoint_fingerprint
 from backend.text.tokenizer import Tokenizer
 from gateway.cluster.keys import ClusterKeys, NodeRecord
 from gateway.cluster.publisher import BlockEventBuffer, BlockPublisher
-from gateway.cluster_settings import ClusterSettings
+from gateway.config.cluster import ClusterSettings
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
-from providers.remote_engine import (
+from providers.local.remote_engine import (
     GENERATE_PATH,
     SECRET_HEADER,
     PeerUnreachable,
     RemoteEngine,
     split_base,
 )
-from tests.e2e.cluster_nodes import (
+from testkit.cluster_nodes import (
     SECRET,
     NodeProcess,
     cluster_status,
@@ -47,7 +47,7 @@ from tests.e2e.cluster_nodes import (
     wait_for,
     write_node_config,
 )
-from tests.gateway.conftest import REDIS_URL, PrivateRedis
+from testkit.gateway_app import REDIS_URL, PrivateRedis
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -11,7 +11,8 @@ import aiohttp
 import openai
 import pytest
 
-from tests.e2e.conftest import (
+from tests.support.local_engine import WEATHER_TOOL, wait_idle
+from tests.support.local_gateway import (
     TOOL_ARGUMENTS,
     TOOL_NAME,
     LocalGateway,
@@ -21,29 +22,10 @@ from tests.e2e.conftest import (
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 USER = [{"role": "user", "content": "Say something about the sea."}]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 
 
 def client(gateway: LocalGateway) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=gateway.base_url, api_key=gateway.key, max_retries=0)
-
-
-async def wait_idle(gateway: LocalGateway) -> None:
-    """Until nothing runs or waits and every KV block is free (cached blocks count as free)."""
-    for _ in range(300):
-        stats = gateway.provider.engine_stats()
-        idle = stats.num_running == stats.num_waiting == 0
-        if idle and stats.num_free_blocks == stats.num_total_blocks:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"engine not idle: {gateway.provider.engine_stats()}")
 
 
 async def test_non_streaming_without_thinking(local_gateway: LocalGateway) -> None:

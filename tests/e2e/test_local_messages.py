@@ -13,12 +13,12 @@ import anthropic
 import pytest
 from redis.asyncio import Redis
 
-from gateway.appkeys import PIPELINE
 from gateway.keys.store import KeySpace
-from tests.e2e.conftest import TOOL_ARGUMENTS, TOOL_NAME, LocalGateway, open_local_gateway
-from tests.e2e.test_local_engine import wait_idle
-from tests.gateway.conftest import REDIS_URL
-from tests.messages_rules import check_messages_stream
+from gateway.resources import PIPELINE
+from testkit.gateway_app import REDIS_URL
+from tests.support.local_engine import wait_idle
+from tests.support.local_gateway import TOOL_ARGUMENTS, TOOL_NAME, LocalGateway, open_local_gateway
+from tests.support.messages_rules import check_messages_stream
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from gateway.config.settings import ModelSettings, ProviderSettings
 from gateway.keys.store import KeySpace, text
-from gateway.settings import ModelSettings, ProviderSettings
-from tests.e2e.conftest import local_settings
-from tests.e2e.test_local_engine import LocalGateway, wait_idle
-from tests.gateway.conftest import REDIS_URL
-from tests.gateway.probed import Probed, clear_prefix, probed_gateway
-from tests.gateway.rawhttp import request_bytes
-from tests.mock_upstream import MockUpstream
+from testkit.gateway_app import REDIS_URL
+from testkit.mock_upstream import MockUpstream
+from testkit.rawhttp import request_bytes
+from tests.support.local_engine import wait_idle
+from tests.support.local_gateway import LocalGateway, local_settings
+from tests.support.probed import Probed, clear_prefix, probed_gateway
 
 ASK = "alpha beta gamma delta"
 PROTOCOLS: dict[str, tuple[str, dict[str, Any]]] = {

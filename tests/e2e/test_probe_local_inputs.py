@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.e2e.conftest import LocalGateway
+from tests.support.local_gateway import LocalGateway
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

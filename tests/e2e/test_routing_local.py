@@ -19,15 +19,15 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from gateway.appkeys import PIPELINE, ROUTER
+from gateway.config.settings import Settings
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeySpace, KeyStore
-from gateway.settings import Settings
-from providers.local import LocalProvider
-from tests.e2e.conftest import local_settings
-from tests.gateway.conftest import REDIS_URL, start_gateway
-from tests.gateway.routing_helpers import EASY, fields, until
-from tests.mock_upstream import MockUpstream
+from gateway.resources import PIPELINE, ROUTER
+from providers.local.provider import LocalProvider
+from testkit.gateway_app import REDIS_URL, start_gateway
+from testkit.mock_upstream import MockUpstream
+from tests.support.local_gateway import local_settings
+from tests.support.routing import EASY, fields, until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -1,6 +1,6 @@
 """`[server] workers = 2` with the local engine: worker 1 (no model) serves every protocol exactly
 as worker 0 (the engine) does, through worker 0's engine socket. Both workers are apps in this
-process on ports of their own (tests/e2e/worker_pair.py), on the scripted tiny checkpoint (its
+process on ports of their own (tests/support/worker_pair.py), on the scripted tiny checkpoint (its
 greedy answer after `</think>` is a tool call), on the real Redis."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import pytest_asyncio
 
 from backend.engine.interface import EngineStats
 from backend.engine.sampling_params import SamplingParams
-from providers.remote_engine import GENERATE_PATH
-from providers.shared_engine import ENGINE_PATH, EngineInfo, SharedEngine
-from tests.e2e.conftest import TOOL_ARGUMENTS, TOOL_NAME
-from tests.e2e.test_local_engine import WEATHER_TOOL
-from tests.e2e.worker_pair import WorkerPair, open_worker_pair, ready, until
+from providers.local.remote_engine import GENERATE_PATH
+from providers.local.worker_engine import ENGINE_PATH, EngineInfo, SharedEngine
+from tests.support.local_engine import WEATHER_TOOL
+from tests.support.local_gateway import TOOL_ARGUMENTS, TOOL_NAME
+from tests.support.worker_pair import WorkerPair, open_worker_pair, ready, until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

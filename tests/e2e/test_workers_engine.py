@@ -24,10 +24,10 @@ from redis.asyncio import Redis
 
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeySpace, KeyStore
-from tests.e2e.cluster_nodes import ROOT, free_port, write_node_config
-from tests.gateway.conftest import REDIS_URL
-from tests.gateway.test_workers import process_alive
-from tests.sse_rules import check_chat_stream, sse_payloads
+from testkit.cluster_nodes import ROOT, free_port, write_node_config
+from testkit.gateway_app import REDIS_URL
+from tests.support.processes import process_alive
+from tests.support.sse_rules import check_chat_stream, sse_payloads
 
 # Two full blocks (block_size 16) and more: a repeat of the prompt reads them from the cache.
 SEA = "Tell me about the sea, the waves, the tides, the boats and the gulls over the harbour."

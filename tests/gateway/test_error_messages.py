@@ -1,6 +1,6 @@
 """A provider's failure is told in the user's terms: what happened, naming the provider once,
 with no library internals (those go to the logs). Through the real app in front of the mock
-upstream (see tests/gateway/conftest.py for the providers `mock`, `impatient`, `refused`)."""
+upstream (see testkit/gateway_app.py for the providers `mock`, `impatient`, `refused`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import structlog
 
-from tests.gateway.conftest import Gateway
-from tests.sse_rules import sse_payloads
+from testkit.gateway_app import Gateway
+from tests.support.sse_rules import sse_payloads
 
 USER = [{"role": "user", "content": "alpha beta gamma delta epsilon"}]
 

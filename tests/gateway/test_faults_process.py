@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from tests.fault_drills import (
+from testkit.fault_drills import (
     GatewayProcess,
     Load,
     account,
@@ -21,8 +21,8 @@ from tests.fault_drills import (
     recovered,
     request_status,
 )
-from tests.gateway.conftest import PrivateRedis
-from tests.mock_upstream import MockUpstream
+from testkit.gateway_app import PrivateRedis
+from testkit.mock_upstream import MockUpstream
 
 CLIENTS = 4
 

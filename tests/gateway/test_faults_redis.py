@@ -13,8 +13,9 @@ import pytest
 
 from gateway.keys.records import UsageQuery
 from gateway.keys.usage import UsageReader
-from tests.gateway.conftest import PrivateRedis
-from tests.gateway.faults import (
+from testkit.gateway_app import PrivateRedis
+from testkit.mock_upstream import MockUpstream
+from tests.support.faults import (
     ADMIN,
     PREFIX,
     SPACE,
@@ -26,7 +27,6 @@ from tests.gateway.faults import (
     records,
     spooled,
 )
-from tests.mock_upstream import MockUpstream
 
 
 @pytest.fixture

@@ -13,8 +13,9 @@ import pytest
 
 from gateway.keys.records import UsageQuery
 from gateway.keys.usage import UsageReader
-from tests.gateway.conftest import PrivateRedis
-from tests.gateway.faults import (
+from testkit.gateway_app import PrivateRedis
+from testkit.mock_upstream import MockUpstream
+from tests.support.faults import (
     PREFIX,
     USER,
     Keyed,
@@ -23,7 +24,6 @@ from tests.gateway.faults import (
     nothing_held,
     records,
 )
-from tests.mock_upstream import MockUpstream
 
 
 @pytest.fixture

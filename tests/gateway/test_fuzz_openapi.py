@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
 from gateway.openapi import build_openapi
-from tests.gateway.threaded import ADMIN_KEY, ThreadedGateway, assert_api_answer
+from testkit.threaded import ADMIN_KEY, ThreadedGateway, assert_api_answer
 
 SCHEMA = schemathesis.openapi.from_dict(build_openapi())
 OPERATIONS = {result.ok().label: result.ok() for result in SCHEMA.get_all_operations()}

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.conftest import PrivateRedis
-from tests.gateway.faults import Keyed, eventually, held, keyed_gateway, nothing_held, records
-from tests.gateway.rawhttp import parse_answer, request_bytes
-from tests.mock_upstream import MockUpstream
+from testkit.gateway_app import PrivateRedis
+from testkit.mock_upstream import MockUpstream
+from testkit.rawhttp import parse_answer, request_bytes
+from tests.support.faults import Keyed, eventually, held, keyed_gateway, nothing_held, records
 
 ASK = "alpha beta gamma delta"
 BODIES: dict[str, dict[str, Any]] = {

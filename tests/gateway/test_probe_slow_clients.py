@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.gateway.conftest import gateway_settings
-from tests.gateway.faults import eventually
-from tests.gateway.probed import Probed, probed_gateway
-from tests.gateway.rawhttp import exchange, parse_answer, request_bytes
-from tests.mock_upstream import MockUpstream
+from testkit.gateway_app import gateway_settings
+from testkit.mock_upstream import MockUpstream
+from testkit.rawhttp import exchange, parse_answer, request_bytes
+from tests.support.faults import eventually
+from tests.support.probed import Probed, probed_gateway
 
 CHAT = {"model": "echo-model", "messages": [{"role": "user", "content": "hi"}]}
 MESSAGES = {**CHAT, "max_tokens": 5}

@@ -1,4 +1,4 @@
-"""An upstream that breaks the protocol (tests/broken_upstream.py), met through every protocol
+"""An upstream that breaks the protocol (testkit/broken_upstream.py), met through every protocol
 with the official SDKs as clients: each answer is a 502 (or a 429 with a sane Retry-After) in the
 protocol's own error shape, never a 500 or a broken stream; each request leaves one usage record
 with the status it got, and the key holds no slot or reservation afterwards."""
@@ -12,10 +12,10 @@ import anthropic
 import openai
 import pytest
 
-from tests.broken_upstream import BrokenUpstream
-from tests.gateway.conftest import Gateway, gateway_settings
-from tests.gateway.probed import Probed, probed_gateway
-from tests.mock_upstream import MockUpstream
+from testkit.broken_upstream import BrokenUpstream
+from testkit.gateway_app import Gateway, gateway_settings
+from testkit.mock_upstream import MockUpstream
+from tests.support.probed import Probed, probed_gateway
 
 USER = [{"role": "user", "content": "hello there"}]
 

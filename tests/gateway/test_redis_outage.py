@@ -13,8 +13,8 @@ from redis.asyncio import Redis
 
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
-from tests.gateway.conftest import PrivateRedis, gateway_settings, start_gateway
-from tests.mock_upstream import MockUpstream
+from testkit.gateway_app import PrivateRedis, gateway_settings, start_gateway
+from testkit.mock_upstream import MockUpstream
 
 PREFIX = "gw:"
 

@@ -14,26 +14,13 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from backend.engine.block_hash import block_hash, root_hash
 from backend.engine.blocks import BlockEvicted, BlockStored
 from gateway.cluster.follower import IndexFollower
-from gateway.cluster.index import PrefixIndex
 from gateway.cluster.keys import ClusterKeys, NodeRecord
 from gateway.cluster.publisher import BlockEventBuffer, BlockPublisher
-from gateway.cluster_settings import ClusterSettings
-from tests.gateway.conftest import REDIS_URL, PrivateRedis
-
-ROOT = root_hash(b"seed", 4)
-SETTINGS = ClusterSettings(heartbeat_s=0.05, liveness_ttl_s=0.3, snapshot_interval_s=3600)
-
-
-def blocks(n: int, start: int = 0) -> list[BlockStored]:
-    out, parent = [], ROOT
-    for i in range(n):
-        tokens = tuple(start + 4 * i + j for j in range(4))
-        out.append(BlockStored(block_hash(parent, tokens), parent, tokens))
-        parent = out[-1].block_hash
-    return out
+from gateway.config.cluster import ClusterSettings
+from testkit.gateway_app import REDIS_URL, PrivateRedis
+from tests.support.cluster_index import ROOT, SETTINGS, blocks, follower, sync
 
 
 class Node:
@@ -53,15 +40,6 @@ class Node:
         for event in events:
             self.buffer.push(event)
         await self.publisher.tick()
-
-
-def follower(redis: Redis, prefix: str, settings: ClusterSettings = SETTINGS) -> IndexFollower:
-    return IndexFollower(redis, ClusterKeys(prefix), ROOT.hex(), settings, PrefixIndex())
-
-
-async def sync(f: IndexFollower) -> None:
-    await f.poll()
-    await f.read_streams(block_ms=1)
 
 
 def held(f: IndexFollower, node: str, chain: list[BlockStored]) -> int:

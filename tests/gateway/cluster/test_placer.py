@@ -14,10 +14,10 @@ from gateway.cluster.keys import ClusterKeys, NodeRecord
 from gateway.cluster.placer import ClusterPlacer
 from gateway.cluster.publisher import BlockEventBuffer, BlockPublisher
 from gateway.cluster.scoring import NodeLoad
-from gateway.cluster_settings import ClusterSettings
+from gateway.config.cluster import ClusterSettings
 from providers.types import EngineFit
-from tests.gateway.cluster.test_follow import ROOT, blocks, follower, sync
-from tests.gateway.conftest import REDIS_URL
+from testkit.gateway_app import REDIS_URL
+from tests.support.cluster_index import ROOT, blocks, follower, sync
 
 BS = 4
 CHAIN = blocks(5)  # a prompt of 21 tokens: 5 reusable blocks of 4

@@ -10,20 +10,20 @@ import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from gateway.config.settings import Settings
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
-from gateway.settings import Settings
-from gateway.tokens import estimate_prompt_tokens
+from gateway.pipeline.prompt_estimates import estimate_prompt_tokens
 from gateway.wire.messages_request import parse_count_tokens
-from tests.gateway.conftest import REDIS_URL
-from tests.gateway.messages.conftest import (
+from testkit.gateway_app import REDIS_URL
+from testkit.mock_upstream import REASONING_TEXT
+from tests.support.messages_gateway import (
     LOOKUP,
     USER,
     MessagesGateway,
     raw_stream,
     usage_records,
 )
-from tests.mock_upstream import REASONING_TEXT
 
 
 async def test_create_answers_text_with_usage(gw: MessagesGateway) -> None:

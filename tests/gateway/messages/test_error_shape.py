@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestServer
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.errors import GatewayTimeout, QuotaExceeded, ServiceUnavailable
-from gateway.middleware import add_request_id, error_middleware
+from gateway.server.middleware import add_request_id, error_middleware
 
 FAILURES: dict[str, Exception] = {
     "redis": RedisConnectionError("Connection refused"),

@@ -12,8 +12,8 @@ from redis.asyncio import Redis
 
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
-from tests.gateway.conftest import REDIS_URL
-from tests.gateway.messages.conftest import (
+from testkit.gateway_app import REDIS_URL
+from tests.support.messages_gateway import (
     USER,
     MessagesGateway,
     post,

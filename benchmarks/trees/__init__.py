@@ -1,0 +1,1 @@
+"""Source tree against source tree, loaded in one run (`benchmarks/compare_trees.py`)."""

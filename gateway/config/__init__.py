@@ -1,0 +1,4 @@
+"""The one typed, frozen settings object: `settings` (the root model, TOML + environment),
+with the `[routing]` (`routing`) and `[cluster]` (`cluster`) sections in modules of their own.
+
+May import `providers` value types and `plumbing`; nothing else of `gateway`."""

@@ -1,0 +1,115 @@
+"""Settings of difficulty routing (`[routing]`): rules, the scorer, breakers, stickiness and
+overflow. Part of the one settings object (gateway/config/settings.py)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class RuleSettings(BaseModel):
+    """A named, versioned routing rule for auto models; the first that matches decides.
+    Every condition given must hold. `thinking`: "on", "off", or "keep" (the mode the
+    conversation already has; the rule falls through when it has none)."""
+
+    model_config = _FROZEN
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9-]+$")
+    version: int = Field(default=1, ge=1)
+    thinking: Literal["on", "off", "keep"]
+    # conditions
+    last_is_tool_result: bool | None = None
+    has_tools: bool | None = None
+    pattern: str | None = None  # regex searched in the last user turn (case-insensitive)
+    min_prompt_tokens: int | None = Field(default=None, ge=0)
+    protocols: tuple[str, ...] = ()  # chat, completions, responses, messages; empty: all
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+
+class ScorerSettings(BaseModel):
+    """Weights of the cheap-signal scorer: score = sigmoid(bias + sum(weight * signal)); thinking
+    goes on at `threshold` and above. Signals are described in gateway/routing/signals.py."""
+
+    model_config = _FROZEN
+    # Fitted and chosen on the tuning half of tests/gateway/routing_eval (benchmarks/routing.py).
+    threshold: float = Field(default=0.28, ge=0, le=1)
+    bias: float = -1.67
+    weights: dict[str, float] = Field(
+        default_factory=lambda: {
+            "maths": 2.2,
+            "proof": 1.83,
+            "algorithm": 1.26,
+            "debugging": 0.63,
+            "design": 2.08,
+            "code_block": 0.49,
+            "stack_trace": 0.68,
+            "reasoning_ask": 2.59,
+            "constraints": 0.43,
+            "length": 2.69,
+            "depth": 0.0,
+            "easy": -1.39,
+            "cjk": -0.44,
+        }
+    )
+    # Only the first `scan_chars` characters of the last user turn are read (bounded cost).
+    scan_chars: int = Field(default=2000, gt=0)
+
+
+class BreakerSettings(BaseModel):
+    """Per-provider circuit breaker: `failures` consecutive failures, or an error rate of
+    `error_rate` over the last `window` calls (once `window` calls were seen), open it for
+    `cooldown_s`; then one probe request is let through, and its success closes it."""
+
+    model_config = _FROZEN
+    failures: int = Field(default=5, ge=1)
+    error_rate: float = Field(default=0.5, gt=0, le=1)
+    window: int = Field(default=20, ge=1)
+    cooldown_s: float = Field(default=30.0, gt=0)
+
+
+class PrefixSettings(BaseModel):
+    """How long a queue a conversation whose prefix the local engine caches may wait in.
+
+    Beyond `local_max_queue`, each request waiting over the allowance counts as recomputing
+    `wait_cost_tokens` prompt tokens (an upstream recomputes the whole prompt, the local engine
+    only what it does not cache): the local engine keeps the request while its cached tokens are
+    at least `wait_cost_tokens` x (queue - local_max_queue), and the queue is at most
+    `max_queue` (at or under `local_max_queue`: cached prompts overflow like cold ones)."""
+
+    model_config = _FROZEN
+    wait_cost_tokens: int = Field(default=1024, ge=1)
+    max_queue: int = Field(default=16, ge=0)
+
+
+class RoutingSettings(BaseModel):
+    model_config = _FROZEN
+    rules: tuple[RuleSettings, ...] = (
+        RuleSettings(name="tool-results", thinking="keep", last_is_tool_result=True),
+        RuleSettings(name="tools", thinking="off", has_tools=True),
+        RuleSettings(
+            name="proof-markers",
+            thinking="on",
+            pattern=r"\b(prove|proof|show that|lemma|theorem)\b|证明|求证",
+        ),
+    )
+    scorer: ScorerSettings = ScorerSettings()
+    breaker: BreakerSettings = BreakerSettings()
+    # Conversation stickiness: an auto conversation keeps its first mode for this long.
+    sticky_ttl_s: int = Field(default=1800, ge=1)
+    # The local engine is preferred while requests waiting for it (this one included) stay at
+    # or under this; beyond it, an upstream route the key may use takes the request, unless
+    # the engine caches enough of the prompt (`prefix`).
+    local_max_queue: int = Field(default=4, ge=0)
+    prefix: PrefixSettings = PrefixSettings()

@@ -1,0 +1,392 @@
+"""The request path after parsing: route -> admit -> provider (with fallback) -> encode -> settle.
+
+One `Pipeline` per app. `serve` answers one chat or completions request, streaming frame by
+frame or as one JSON body, and settles usage from a `finally` whatever happened (success, provider
+error, client disconnect). Settlement follows the response's last byte and runs beside the next
+request (its Redis call is sent at once, with no task of its own); `drain` waits for it (the app
+does on shutdown, so nothing is lost). A stream is kept alive while it has
+nothing to say (gateway/server/sse_stream.py); routes fall back for as long as no token was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Awaitable
+from dataclasses import replace
+from functools import partial
+
+import structlog
+from aiohttp import web
+
+from gateway.access.contract import AccessControl, Grant, Outcome, Principal, Ticket
+from gateway.config.routing import BreakerSettings, RoutingSettings
+from gateway.errors import GatewayError, ServiceUnavailable, provider_error_to_gateway
+from gateway.observability import log_context
+from gateway.observability.metrics import Metrics
+from gateway.pipeline.event_tally import Tally, empty, prepend, without_reasoning
+from gateway.pipeline.output_limits import OutputLimits
+from gateway.pipeline.prompt_estimates import prompt_tokens
+from gateway.routing import Route, Router
+from gateway.routing.breaker import Breakers
+from gateway.routing.decide import Decider, Decision
+from gateway.routing.explain import ROUTE, explain, note_placement
+from gateway.routing.plan import RoutePlanner
+from gateway.server.middleware import REQUEST_ID
+from gateway.server.sse_stream import EventStreamResponse, KeepAlive, KeptAliveStream
+from gateway.wire.base import Wire
+from plumbing import jsoncodec
+from providers import errors as perr
+from providers.types import ChatRequest, Event, ReasoningDelta, Sampling, Usage
+
+log = structlog.get_logger("gateway.pipeline.pipeline")
+
+
+class Pipeline:
+    def __init__(
+        self,
+        router: Router,
+        access: AccessControl,
+        metrics: Metrics,
+        limits: OutputLimits,
+        keepalive: KeepAlive | None = None,
+        *,
+        planner: RoutePlanner | None = None,
+        breakers: Breakers | None = None,
+    ) -> None:
+        """`planner` and `breakers` default to static routing (default settings, no
+        stickiness) and no breakers."""
+        self.router = router
+        self.planner = planner or RoutePlanner(
+            router, Decider(RoutingSettings(), frozenset(), {}, None), metrics
+        )
+        self.breakers = breakers or Breakers((), BreakerSettings())
+        self.access = access
+        self.metrics = metrics
+        self.limits = limits
+        self.keepalive = keepalive or KeepAlive()
+        self._settling: set[asyncio.Task[None]] = set()
+
+    async def drain(self) -> None:
+        """Wait until every finished request has been settled (shutdown; tests)."""
+        while self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
+
+    async def serve(
+        self, request: web.Request, principal: Principal, chat: ChatRequest, wire: Wire
+    ) -> web.StreamResponse:
+        try:
+            public_model, chat, decision = await self.planner.plan(
+                principal, chat, wire.endpoint.split(".")[0]
+            )
+        except perr.ProviderError as exc:  # the prompt could not be prepared
+            raise provider_error_to_gateway(exc) from None
+        log_context.bind(key_id=principal.key_id, model=public_model)
+        num_prompt = prompt_tokens(chat)
+        output = self.limits.plan(
+            public_model, decision.routes, num_prompt, chat.sampling.max_tokens
+        )
+        ticket = Ticket(
+            principal=principal,
+            model=public_model,
+            request_id=chat.request_id,
+            prompt_tokens=num_prompt,
+            max_tokens=output.reserve,
+            label=self.router.label(public_model),
+        )
+        grant = await self._admit(ticket, wire)
+        sampling = chat.sampling
+        max_tokens = output.upstream(grant.max_tokens)
+        reasoning = _smaller(sampling.max_reasoning_tokens, principal.policy.max_reasoning_tokens)
+        if (max_tokens, reasoning) != (sampling.max_tokens, sampling.max_reasoning_tokens):
+            sampling = replace(sampling, max_tokens=max_tokens, max_reasoning_tokens=reasoning)
+        started = time.perf_counter()
+        tally = Tally()
+        status, error_code = 200, None
+        self.metrics.in_flight.inc()
+        try:
+            if chat.stream:
+                return await self._stream(request, wire, grant, decision, chat, sampling, tally)
+            events = await self._open(
+                request, decision, chat, sampling, tally, ticket.counted_model
+            )
+            return await self._json(request, wire, grant, public_model, events, tally)
+        except GatewayError as exc:
+            status, error_code = exc.status, exc.code
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            status, error_code = 499, "client_disconnected"
+            raise
+        except Exception:
+            status, error_code = 500, "internal_error"  # recorded as the 500 the client gets
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+            if tally.route is not None and tally.failed:
+                self.breakers.failure(tally.route.provider_name)
+            outcome = self._outcome(
+                ticket, tally, decision, request.get(ROUTE, ""), started, status, error_code
+            )
+            # The answer is out by now (an error answer follows): the client does not wait
+            # for the bookkeeping, a cancelled handler cannot lose it, and `drain` awaits it.
+            self._track(self._settle(grant, outcome, wire), ticket.request_id)
+
+    def _track(self, settlement: Awaitable[None] | None, request_id: str) -> None:
+        if settlement is None:
+            return
+        landing = asyncio.ensure_future(settlement)
+        if landing.done():  # nothing to wait for (auth off)
+            self._settled(request_id, landing)
+            return
+        self._settling.add(landing)
+        landing.add_done_callback(partial(self._settled, request_id))
+
+    def _settled(self, request_id: str, landing: asyncio.Future[None]) -> None:
+        self._settling.discard(landing)
+        if not landing.cancelled() and (exc := landing.exception()) is not None:
+            log.error("settle_failed", request_id=request_id, exc_info=exc)
+
+    async def _admit(self, ticket: Ticket, wire: Wire) -> Grant:
+        """Admission that a vanishing client cannot leak: if the caller is cancelled while the
+        reservation is in flight, the reservation is released as soon as it lands."""
+        admission = asyncio.ensure_future(self.access.admit(ticket))
+        try:
+            return await asyncio.shield(admission)
+        except asyncio.CancelledError:
+            admission.add_done_callback(lambda done: self._release(done, wire))
+            raise
+
+    def _release(self, admission: asyncio.Future[Grant], wire: Wire) -> None:
+        if admission.cancelled() or admission.exception() is not None:
+            return
+        gone = Outcome(usage=Usage(), status=499, error_code="client_disconnected")
+        grant = admission.result()
+        self._track(self._settle(grant, gone, wire), grant.ticket.request_id)
+
+    async def _open(
+        self,
+        request: web.Request,
+        decision: Decision,
+        chat: ChatRequest,
+        sampling: Sampling,
+        tally: Tally,
+        label: str,
+    ) -> AsyncGenerator[Event, None]:
+        """Start the first route that answers (recorded in `tally`); fall back while nothing
+        but keep-alives was sent to the client. A route whose provider's breaker is open is
+        skipped at once. `label` names the model in metrics."""
+        failure: perr.ProviderError | None = None
+        skipped: list[str] = []
+        drop_reasoning = decision.reason == "policy:off"
+        for route in decision.routes:
+            name = route.provider_name
+            if not self.breakers.allow(name):
+                skipped.append(name)
+                continue
+            request[ROUTE] = explain(decision, route, skipped)
+            req = replace(
+                chat, model=route.model, thinking=decision.thinking_for(route), sampling=sampling
+            )
+            events = route.provider.chat(req)
+            try:
+                first = await anext(events)
+            except StopAsyncIteration:
+                self.breakers.success(name)
+                self._opened(decision, route, tally)
+                note_placement(request, req)
+                return empty()
+            except perr.ProviderError as exc:
+                await events.aclose()
+                exc.provider = exc.provider or name
+                self.metrics.errors.labels(label, name, exc.code).inc()
+                log.warning(
+                    "route_failed",
+                    provider=name,
+                    code=exc.code,
+                    error=exc.message,
+                    detail=exc.detail,
+                )
+                if not exc.retryable:
+                    self.breakers.success(name)  # it answered: the request was at fault
+                    raise provider_error_to_gateway(exc) from None
+                if not isinstance(exc, perr.Overloaded):  # load, not health: see _by_load
+                    self.breakers.failure(name)
+                failure = exc
+                continue
+            except BaseException:
+                await events.aclose()
+                raise
+            self.breakers.success(name)
+            self._opened(decision, route, tally)
+            note_placement(request, req)
+            if drop_reasoning:
+                events = without_reasoning(events)
+                if isinstance(first, ReasoningDelta):
+                    return prepend(None, events, tally)
+            tally.see(first)
+            return prepend(first, events, tally)
+        if failure is not None:
+            raise provider_error_to_gateway(failure)
+        request[ROUTE] = explain(decision, decision.routes[0], skipped)
+        retry = max(1, round(self.breakers.retry_after_s(skipped)))
+        raise ServiceUnavailable(
+            f"Every provider that serves the model '{chat.model}' is failing; retry in {retry} s.",
+            code="providers_unavailable",
+            headers={"Retry-After": str(retry)},
+        )
+
+    def _opened(self, decision: Decision, route: Route, tally: Tally) -> None:
+        tally.route = route
+        self.planner.count(decision, route)
+        log_context.bind(provider=route.provider_name, route_model=route.model)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        wire: Wire,
+        grant: Grant,
+        decision: Decision,
+        chat: ChatRequest,
+        sampling: Sampling,
+        tally: Tally,
+    ) -> web.StreamResponse:
+        resp = EventStreamResponse(
+            headers={
+                **grant.headers,
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        encoder = wire.stream_encoder(
+            wire.id_prefix + request[REQUEST_ID], chat.model, grant.ticket.prompt_tokens
+        )
+        stream = KeptAliveStream(request, resp, encoder, self.keepalive)
+        events: AsyncGenerator[Event, None] | None = None
+        try:
+            events = await self._open(
+                request, decision, chat, sampling, tally, grant.ticket.counted_model
+            )
+            await stream.open()
+            async for event in events:
+                frame = encoder.encode(event)
+                if frame is not None and (busy := stream.send(frame)) is not None:
+                    await busy
+            await stream.finish(b"".join(encoder.close()))
+        except Exception as exc:
+            # Every route failed, the answer broke off, or a bug: once the headers are out, the
+            # error can only be reported in the stream, in the protocol's own way (a second
+            # response would land inside this one's body), and it is recorded as what it was,
+            # not as the 200 the headers said.
+            if isinstance(exc, ConnectionResetError):  # the client left
+                raise
+            if not stream.committed:
+                if isinstance(exc, perr.ProviderError):
+                    raise provider_error_to_gateway(exc) from None
+                raise
+            err = _stream_error(exc)
+            detail = exc.detail if isinstance(exc, perr.ProviderError) else ""
+            log.warning("stream_failed", code=err.code, error=err.message, detail=detail)
+            await stream.open()
+            await stream.finish(encoder.fail(err))
+            tally.finish, tally.failure = None, err
+            tally.failed = isinstance(exc, perr.ProviderError) and exc.retryable
+        finally:
+            await stream.close()
+            if events is not None:
+                await events.aclose()
+        return resp
+
+    async def _json(
+        self,
+        request: web.Request,
+        wire: Wire,
+        grant: Grant,
+        model: str,
+        events: AsyncGenerator[Event, None],
+        tally: Tally,
+    ) -> web.Response:
+        agg = wire.aggregator()
+        try:
+            async for event in events:
+                agg.add(event)
+        except perr.ProviderError as exc:
+            tally.failed = exc.retryable
+            raise provider_error_to_gateway(exc) from None
+        finally:
+            await events.aclose()
+        completion_id = wire.id_prefix + grant.ticket.request_id
+        body = jsoncodec.dumps(agg.body(completion_id, model))
+        resp = web.Response(body=body, content_type="application/json", headers=grant.headers)
+        # Written here, not after the handler returns: settlement then follows the last byte.
+        await resp.prepare(request)
+        await resp.write_eof()
+        return resp
+
+    def _outcome(
+        self,
+        ticket: Ticket,
+        tally: Tally,
+        decision: Decision,
+        route_header: str,
+        started: float,
+        status: int,
+        error_code: str | None,
+    ) -> Outcome:
+        usage = tally.usage or Usage(
+            prompt_tokens=ticket.prompt_tokens, completion_tokens=tally.deltas
+        )
+        ttft = (tally.first_at - started) * 1000 if tally.first_at is not None else None
+        if tally.failure is not None and status == 200:  # recorded as what it was, not a 200
+            status, error_code = tally.failure.status, tally.failure.code
+        route = tally.route
+        return Outcome(
+            usage=usage,
+            status=status,
+            provider=route.provider_name if route else "",
+            route_model=route.model if route else "",
+            thinking=decision.thinking_for(route) if route else decision.thinking,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            ttft_ms=ttft,
+            error_code=error_code,
+            route_reason=decision.reason_for(route) if route else decision.reason,
+            route=route_header,
+        )
+
+    def _settle(self, grant: Grant, outcome: Outcome, wire: Wire) -> Awaitable[None] | None:
+        """Count the request and start its settlement (None if it could not be started)."""
+        series = self.metrics.series(
+            wire.endpoint, grant.ticket.counted_model, outcome.provider, str(outcome.status)
+        )
+        series.requests.inc()
+        series.latency.observe(outcome.latency_ms / 1000)
+        if outcome.ttft_ms is not None:
+            series.ttft.observe(outcome.ttft_ms / 1000)
+        u = outcome.usage
+        for counter, tokens in (
+            (series.prompt_tokens, u.prompt_tokens),
+            (series.completion_tokens, u.completion_tokens),
+            (series.cached_tokens, u.cached_prompt_tokens),
+        ):
+            if tokens:  # each increment takes the metric's lock
+                counter.inc(tokens)
+        try:
+            return self.access.settle(grant, outcome)
+        except Exception:
+            log.exception("settle_failed", request_id=grant.ticket.request_id)
+            return None
+
+
+def _stream_error(exc: Exception) -> GatewayError:
+    """What ended a stream after its headers, as the client is told it."""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, perr.ProviderError):
+        return provider_error_to_gateway(exc)
+    log.error("stream_broke", exc_info=exc)
+    return GatewayError("Internal server error.", code="internal_error")
+
+
+def _smaller(a: int | None, b: int | None) -> int | None:
+    """The tighter of two optional budgets (None: no budget)."""
+    return b if a is None else a if b is None else min(a, b)

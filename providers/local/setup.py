@@ -1,0 +1,114 @@
+"""Open the local-engine provider: find or build the checkpoint, load, start, stop.
+
+With no model path configured, the random-weight demo checkpoint of the chosen preset is built
+once under `demo_dir/<preset>` (into a temporary directory renamed into place, so a half-written
+build is never reused) and reused on later starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from functools import partial
+from pathlib import Path
+
+import structlog
+import torch
+
+from backend.demo_checkpoint import PRESETS, write_demo_checkpoint
+from backend.engine.async_engine import AsyncEngine
+from backend.engine.blocks import BlockEvent
+from backend.engine.engine_config import EngineConfig
+from backend.model.checkpoint import INDEX_FILE
+from backend.text.tokenizer import Tokenizer
+from providers.local.engine_client import EnginePlacer
+from providers.local.provider import LocalProvider
+
+log = structlog.get_logger("providers.local")
+
+DEFAULT_MODEL_ID = "deepseek-v3.1"
+
+
+def demo_checkpoint_dir(demo_dir: Path, preset: str) -> Path:
+    return demo_dir / preset
+
+
+def resolve_checkpoint(model_path: Path | None, demo_dir: Path, demo_preset: str) -> Path:
+    """The checkpoint directory to serve: `model_path`, else the demo checkpoint (built when
+    missing). Blocking: run it in a thread from async code."""
+    if model_path is not None:
+        if not (model_path / "config.json").is_file():
+            raise FileNotFoundError(f"engine.model_path {model_path} has no config.json")
+        return model_path
+    if demo_preset not in PRESETS:
+        raise ValueError(f"unknown demo preset {demo_preset!r}; choose from {sorted(PRESETS)}")
+    target = demo_checkpoint_dir(demo_dir, demo_preset)
+    if (target / INDEX_FILE).is_file():
+        log.info("demo_checkpoint_reused", path=str(target), preset=demo_preset)
+        return target
+    log.info("demo_checkpoint_building", path=str(target), preset=demo_preset)
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{demo_preset}-", dir=demo_dir))
+    try:
+        write_demo_checkpoint(staging, demo_preset)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("demo_checkpoint_built", path=str(target), preset=demo_preset)
+    return target
+
+
+@asynccontextmanager
+async def load_local_provider(
+    name: str,
+    config: EngineConfig,
+    *,
+    model_path: Path | None = None,
+    demo_dir: Path = Path(".data/demo-checkpoint"),
+    demo_preset: str = "small",
+    model_id: str = DEFAULT_MODEL_ID,
+    on_block_event: Callable[[BlockEvent], None] | None = None,
+    open_placer: Callable[[AsyncEngine], AbstractAsyncContextManager[EnginePlacer]] | None = None,
+) -> AsyncIterator[LocalProvider]:
+    """A started LocalProvider over `config`'s engine; the engine stops on exit. The engine
+    is the process's one user of torch, so torch's threads are set here, once.
+    `on_block_event` hears the engine's prefix-cache events; `open_placer(engine)` gives the
+    placer that may send prompts to other engines (it is closed before the engine stops)."""
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    checkpoint = await asyncio.to_thread(resolve_checkpoint, model_path, demo_dir, demo_preset)
+    tokenizer = await asyncio.to_thread(Tokenizer.from_dir, checkpoint)
+    engine = await asyncio.to_thread(
+        partial(AsyncEngine.from_checkpoint, on_block_event=on_block_event), checkpoint, config
+    )
+    engine.start()
+    stats = engine.stats()
+    log.info(
+        "local_engine_started",
+        provider=name,
+        checkpoint=str(checkpoint),
+        kv_blocks=stats.num_total_blocks,
+        block_size=engine.block_size,
+        max_model_len=engine.max_model_len,
+    )
+    try:
+        async with AsyncExitStack() as stack:
+            placer = None
+            if open_placer is not None:
+                placer = await stack.enter_async_context(open_placer(engine))
+            yield LocalProvider(
+                name,
+                engine,
+                tokenizer,
+                model_id,
+                slots=config.max_num_seqs,
+                placer=placer,
+                checkpoint=checkpoint,
+            )
+    finally:
+        await engine.stop()
+        log.info("local_engine_stopped", provider=name)

@@ -1,0 +1,39 @@
+"""The settings of one upstream provider, as `OpenAIUpstream` (and `AnthropicUpstream`) take them.
+
+The gateway builds `UpstreamConfig` from its `ProviderSettings` (providers/ does not import the
+gateway): name = the provider's key in settings, base_url, api_key = settings.api_key(),
+thinking_style, send_reasoning_history, the timeouts, max_connections, headers and stream_upstream
+map one to one; the remaining fields keep their defaults unless the gateway has better.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import field
+
+from plumbing.record import record
+from providers.upstream.openai_wire import ThinkingStyle
+
+
+@record
+class UpstreamConfig:
+    """`models`: the model ids `models()` lists without asking the upstream (empty: ask)."""
+
+    name: str
+    base_url: str  # ends before "/chat/completions", e.g. "https://api.deepseek.com/v1"
+    api_key: str | None = field(default=None, repr=False)
+    # Several accounts of this upstream, (identity, key) each: a conversation keeps to one
+    # (providers/upstream/affinity.py), so the upstream's prefix cache serves its later turns.
+    accounts: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    thinking_style: ThinkingStyle = "deepseek"
+    send_reasoning_history: bool = False
+    connect_timeout_s: float = 10.0
+    first_byte_timeout_s: float = 120.0
+    idle_timeout_s: float = 120.0
+    answer_timeout_s: float = 600.0
+    models_timeout_s: float = 10.0
+    health_timeout_s: float = 3.0
+    max_connections: int = 256
+    headers: Mapping[str, str] = field(default_factory=dict)
+    models: tuple[str, ...] = ()
+    stream_upstream: bool = False  # stream from the upstream for JSON clients too

@@ -1,0 +1,163 @@
+"""Conversation stickiness off the request's critical path: a first turn's write runs in the
+background (the decision does not wait for it, shutdown does), and a follow-up's read starts
+before the prompt is prepared. Redis here is a stand-in whose replies wait for a gate."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from structlog.testing import capture_logs
+
+from gateway.access.contract import Principal
+from gateway.config.routing import RoutingSettings
+from gateway.config.settings import ModelSettings
+from gateway.observability.metrics import Metrics
+from gateway.routing.aliases import Route, Router
+from gateway.routing.decide import Decider, RoutingInput
+from gateway.routing.plan import RoutePlanner
+from gateway.routing.policy import KeyPolicy
+from gateway.routing.sticky import Stickiness, conversation_id
+from providers.types import ChatRequest, Message, PreparedPrompt
+
+HARD = "Prove that there are infinitely many primes."
+FIRST = (Message("user", HARD),)
+FOLLOW_UP = (*FIRST, Message("assistant", "Suppose not."), Message("user", "Thanks, and?"))
+
+
+@dataclass
+class GatedRedis:
+    """GET, and pipelined SET NX, on a dict; each reply waits until `gate` is set."""
+
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    store: dict[str, bytes] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+
+    async def get(self, key: str) -> bytes | None:
+        self.calls.append("get")
+        await self.gate.wait()
+        return self.store.get(key)
+
+    def pipeline(self, transaction: bool) -> Pipeline:
+        return Pipeline(self)
+
+
+@dataclass
+class Pipeline:
+    redis: GatedRedis
+    sets: list[tuple[str, str]] = field(default_factory=list)
+
+    async def __aenter__(self) -> Pipeline:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def set(self, key: str, value: str, ex: int, nx: bool) -> None:
+        self.sets.append((key, value))
+
+    async def execute(self) -> None:
+        self.redis.calls.append(f"set x{len(self.sets)}")
+        await self.redis.gate.wait()
+        for key, value in self.sets:
+            self.redis.store.setdefault(key, value.encode())
+
+
+@dataclass
+class Upstream:
+    name: str = "up"
+
+
+ROUTES = (Route(Upstream(), "m", None),)  # type: ignore[arg-type]
+
+
+def sticky(redis: GatedRedis) -> Stickiness:
+    return Stickiness(redis, "p:", 60)  # type: ignore[arg-type]
+
+
+async def test_a_first_turn_is_decided_without_waiting_for_its_write() -> None:
+    redis = GatedRedis()
+    stickiness = sticky(redis)
+    decider = Decider(RoutingSettings(), frozenset(), {}, stickiness)
+    chat = ChatRequest(model="m", messages=FIRST)
+    inp = RoutingInput(chat, "chat", "m", ROUTES, "auto", KeyPolicy(), "k", 10)
+    decision = await asyncio.wait_for(decider.decide(inp), 10)  # no Redis reply can arrive
+    assert (decision.thinking, decision.reason) == (True, "rule:proof-markers@1")
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert redis.calls == ["set x1"] and not redis.store  # sent, not yet answered
+    redis.gate.set()
+    await stickiness.drain()
+    conversation = conversation_id("k", "m", chat)
+    assert redis.store == {f"p:route:conv:{conversation}": b"on"}
+    # the follow-up turn reads it back (and writes nothing)
+    next_turn = ChatRequest(model="m", messages=FOLLOW_UP)
+    follow_up = RoutingInput(next_turn, "chat", "m", ROUTES, "auto", KeyPolicy(), "k", 10)
+    assert (await decider.decide(follow_up)).reason == "sticky"
+    assert redis.calls == ["set x1", "get"]
+
+
+@dataclass
+class Preparer:
+    """A provider that prepares prompts; it notes what Redis had been asked by then."""
+
+    redis: GatedRedis
+    name: str = "local"
+    seen: list[str] = field(default_factory=list)
+
+    async def prepare(self, request: ChatRequest) -> PreparedPrompt:
+        await asyncio.sleep(0)  # the tokenizer's thread, as far as the loop can tell
+        self.seen = list(self.redis.calls)
+        self.redis.gate.set()
+        return PreparedPrompt(self.name, [1, 2, 3], False, True, False, False)
+
+    async def chat(self, request: ChatRequest) -> Any:
+        raise AssertionError("not served here")
+
+
+async def test_a_follow_up_reads_its_mode_while_the_prompt_is_prepared() -> None:
+    redis = GatedRedis()
+    conversation = conversation_id("k", "m", ChatRequest(model="m", messages=FOLLOW_UP))
+    redis.store[f"p:route:conv:{conversation}"] = b"off"
+    provider = Preparer(redis)
+    model = ModelSettings(routing="auto", routes=[{"provider": "local", "model": "x"}])
+    router = Router({"local": provider}, {"m": model})  # type: ignore[dict-item]
+    stickiness = sticky(redis)
+    decider = Decider(RoutingSettings(), frozenset({"local"}), {}, stickiness)
+    planner = RoutePlanner(router, decider, Metrics())
+    principal = Principal("k", "test")
+    _, chat, decision = await planner.plan(
+        principal, ChatRequest(model="m", messages=FOLLOW_UP), "chat"
+    )
+    assert provider.seen == ["get"]  # asked before the prompt was ready
+    assert chat.prepared is not None
+    assert (decision.thinking, decision.reason) == (False, "sticky")
+    # a first turn has nothing to read: the planner starts no read
+    redis.calls.clear()
+    await planner.plan(principal, ChatRequest(model="m", messages=FIRST), "chat")
+    await stickiness.drain()
+    assert provider.seen == [] and redis.calls == ["set x1"]
+
+
+async def test_writes_of_one_loop_iteration_share_a_round_trip_and_failures_are_dropped() -> None:
+    redis = GatedRedis()
+    redis.gate.set()
+    stickiness = sticky(redis)
+    stickiness.remember("c1", True)
+    stickiness.remember("c2", False)
+    stickiness.remember("c1", False)  # the first write of a conversation wins
+    await stickiness.drain()
+    assert redis.calls == ["set x2"]
+    assert redis.store == {"p:route:conv:c1": b"on", "p:route:conv:c2": b"off"}
+
+    class Down(GatedRedis):
+        def pipeline(self, transaction: bool) -> Pipeline:
+            raise RedisConnectionError("Redis is away")
+
+    failing = sticky(Down())
+    with capture_logs() as logs:
+        failing.remember("c3", True)
+        await failing.drain()
+    assert [e["event"] for e in logs] == ["sticky_write_failed"]
