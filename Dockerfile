@@ -6,6 +6,7 @@ COPY pyproject.toml README.md ./
 COPY gateway gateway
 COPY providers providers
 COPY backend backend
+COPY plumbing plumbing
 # CPU torch by default; build with --build-arg TORCH_INDEX=... for a CUDA build.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN pip install --no-cache-dir torch --index-url ${TORCH_INDEX} && pip install --no-cache-dir .

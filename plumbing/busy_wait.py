@@ -1,11 +1,10 @@
 """`BusyWait`: keep an event loop polling, not sleeping, while it awaits a few fast answers.
 
 Redis answers a script, and a nearby upstream (a vLLM/SGLang node, a mock) its first bytes, in tens
-of microseconds; a sleeping virtual CPU takes about as long again to wake (measured at one client:
-about 0.09 ms off a keyed request for Redis's replies, benchmarks/gateway_overhead.py, and
-0.06-0.07 ms off an open one for the upstream's). So for up to
-`Spin.seconds` after an answer is awaited, while at most `Spin.max_waiting` answers are, one
-callback keeps the loop turning: each turn polls the loop's sockets without a timeout and yields
+of microseconds; a sleeping virtual CPU takes about as long again to wake (at one client, polling
+takes about 0.06 to 0.1 ms off a request's added latency). So for up to `Spin.seconds` after an
+answer is awaited, while at most `Spin.max_waiting` answers are, one callback keeps the loop
+turning: each turn polls the loop's sockets without a timeout and yields
 the CPU to any process ready to run on it (Redis itself, on a busy machine). With more answers
 awaited the loop is busy anyway, and spinning would only cost CPU: a loop that never sleeps takes
 fewer events per poll, and pays more per event (so an upstream answer counts until it has been read

@@ -7,8 +7,8 @@ in the turn before); the turn's other writes are joined per connection and sent 
 the next turn, back to back, with no Python work between them. The process on the other end (a
 client, an upstream, a proxy in front: on one host they share its cores) is then woken about
 once a turn instead of once per answer, and preempts the gateway less. At one request at a time
-nothing waits: deferring every write cost a lone request 0.10-0.17 ms, the CPU work the turn did
-after its answer (measured numbers: README, "Gateway overhead").
+nothing waits: deferring every write would put the CPU work the turn does after an answer in
+front of that answer, a tenth of a millisecond or more for a lone request.
 
 Contract: a connection's bytes go out in the order written (once one of its writes waits, its
 later ones wait behind it); `close` sends what waits, then closes; `abort` drops it; once the

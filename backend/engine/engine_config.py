@@ -7,8 +7,8 @@ and never written back into the config, so nothing depends on the order objects 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 from backend.model.dtypes import DTYPE_NAMES, FP8_WEIGHT_MODES, FP8Weights, torch_dtype
 
@@ -20,6 +20,13 @@ if TYPE_CHECKING:  # torch-free at import: the gateway validates these settings 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 MAX_SPEC_TOKENS = 3
+
+_T = TypeVar("_T")
+
+
+def _knob(default: _T, description: str) -> _T:
+    """A field with its meaning, for the generated settings reference (docs/configuration.md)."""
+    return field(default=default, metadata={"description": description})
 
 
 @dataclass(frozen=True)
@@ -43,20 +50,56 @@ class EngineConfig:
     still drafts for (above it drafting costs more than it saves; None: always).
     """
 
-    max_num_seqs: int = 32
-    max_batch_tokens: int = 2048
-    block_size: int = 64
-    cache_memory_bytes: int = 512 << 20
-    chunked_prefill: bool = True
-    max_waiting: int = 256
-    dtype: str = "float32"
-    device: str = "auto"
-    num_threads: int | None = None
-    max_model_len: int | None = None
-    fp8_weights: FP8Weights = "resident"
-    spec_enabled: bool = True
-    spec_num_tokens: int = 1
-    spec_max_batch_size: int | None = 1
+    max_num_seqs: int = _knob(32, "Most sequences running in one step.")
+    max_batch_tokens: int = _knob(
+        2048, "Most new tokens in one step (prefill chunks and decodes together)."
+    )
+    block_size: int = _knob(
+        64,
+        "Tokens per block of the paged latent cache and of the prefix cache; the same on "
+        "every node of a cluster.",
+    )
+    cache_memory_bytes: int = _knob(
+        512 << 20,
+        "Budget of the paged latent cache in bytes (every cache layer, the MTP layer's "
+        "included); in the settings file also as `cache_memory_mb`.",
+    )
+    chunked_prefill: bool = _knob(
+        True,
+        "Split long prompts over steps, mixed with decodes; off, a prompt must fit one step's"
+        " `max_batch_tokens`.",
+    )
+    max_waiting: int = _knob(
+        256,
+        "Requests queued and not yet running; more are refused with a retry hint (503 "
+        "`overloaded`).",
+    )
+    dtype: str = _knob("float32", "Torch dtype of the weights and the cache (`bfloat16` on a GPU).")
+    device: str = _knob("auto", "`auto` (the GPU when one is visible), `cpu`, `cuda[:N]` or `mps`.")
+    num_threads: int | None = _knob(
+        None,
+        "Torch intra-op threads, set once by the process that starts the engine; unset: "
+        "torch's default.",
+    )
+    max_model_len: int | None = _knob(
+        None, "Cap on prompt + output below what the model and the cache pool allow; unset: no cap."
+    )
+    fp8_weights: FP8Weights = _knob(
+        "resident",
+        "An FP8 checkpoint's linears: `resident` keeps them FP8 in memory, `dequantize` "
+        "converts them to `dtype` at load.",
+    )
+    spec_enabled: bool = _knob(
+        True, "Speculative decoding with the checkpoint's MTP layer (ignored without one)."
+    )
+    spec_num_tokens: int = _knob(
+        1, "Draft tokens per step, 1 to 3 (the MTP layer feeds its own output for more than one)."
+    )
+    spec_max_batch_size: int | None = _knob(
+        1,
+        "The largest expected batch (running plus waiting) a step still drafts for; unset: "
+        "always draft.",
+    )
 
     def __post_init__(self) -> None:
         positive = {

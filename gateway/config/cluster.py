@@ -21,28 +21,84 @@ class ClusterSettings(BaseModel):
     """
 
     model_config = _FROZEN
-    enabled: bool = False
-    node_id: str = ""  # default: the host name
-    # How peers reach this node's internal engine endpoint (http://host:port); default
-    # http://<host name>:<server.port>.
-    internal_url: str = ""
-    # Also serve on this unix socket: processes on the same host reach the engine there
-    # (their internal_url "unix:<path>"), without a copy of the model or a TCP hop.
-    internal_socket: Path | None = None
-    # Shared by every node, environment only: GATEWAY_CLUSTER__SECRET.
-    secret: SecretStr | None = None
-    # "prefix": serve where the prompt's prefix is cached; "local": publish blocks, never forward.
-    routing: Literal["prefix", "local"] = "prefix"
-    heartbeat_s: float = Field(default=0.5, gt=0)
-    liveness_ttl_s: float = Field(default=3.0, gt=0)
-    flush_s: float = Field(default=0.02, gt=0)
-    snapshot_interval_s: float = Field(default=5.0, gt=0)
-    stream_maxlen: int = Field(default=100_000, gt=0)
-    pending_s: float = Field(default=3.0, ge=0)
-    waiting_cost_tokens: float = Field(default=512.0, ge=0)
-    running_token_weight: float = Field(default=0.02, ge=0)
-    forward_cost_tokens: float = Field(default=64.0, ge=0)
-    forward_connect_timeout_s: float = Field(default=2.0, gt=0)
+    enabled: bool = Field(
+        default=False,
+        description="Join the cluster: publish this engine's cached blocks and place requests "
+        "on the node that holds their prefix. Needs `secret`; not with `server.workers` > 1.",
+    )
+    node_id: str = Field(default="", description="This node's name; default: the host name.")
+    internal_url: str = Field(
+        default="",
+        description="How peers reach this node's internal engine endpoint (http://host:port); "
+        "default: http://<host name>:<server.port>.",
+    )
+    internal_socket: Path | None = Field(
+        default=None,
+        description="Also serve the internal engine endpoint on this unix socket: processes on "
+        'the same host reach the engine there (their internal_url "unix:<path>") without a copy '
+        "of the model or a TCP hop. With `server.workers` > 1, where worker 0 serves its engine.",
+    )
+    secret: SecretStr | None = Field(
+        default=None,
+        description="Opens the internal endpoint (`x-node-secret`); the same on every node, 16 "
+        "characters or more, environment only: `GATEWAY_CLUSTER__SECRET`.",
+    )
+    routing: Literal["prefix", "local"] = Field(
+        default="prefix",
+        description="`prefix`: serve where the prompt's prefix is cached; `local`: publish "
+        "blocks, never forward.",
+    )
+    heartbeat_s: float = Field(
+        default=0.5, gt=0, description="How often the node writes its liveness and load."
+    )
+    liveness_ttl_s: float = Field(
+        default=3.0,
+        gt=0,
+        description="TTL of the liveness key (more than `heartbeat_s`): a node silent this long "
+        "is dropped from the index.",
+    )
+    flush_s: float = Field(
+        default=0.02,
+        gt=0,
+        description="How often stored and evicted blocks are appended to the node's event stream.",
+    )
+    snapshot_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often the node writes a snapshot of its cached blocks, for nodes that "
+        "join late or fall behind the trimmed stream.",
+    )
+    stream_maxlen: int = Field(
+        default=100_000,
+        gt=0,
+        description="Entries the node's event stream keeps (approximately: older ones are "
+        "trimmed).",
+    )
+    pending_s: float = Field(
+        default=3.0,
+        ge=0,
+        description="The chosen node's blocks count as held there this long, so a burst of one "
+        "new prefix is not scattered.",
+    )
+    waiting_cost_tokens: float = Field(
+        default=512.0,
+        ge=0,
+        description="Placement cost of each request waiting on a node, in prompt tokens.",
+    )
+    running_token_weight: float = Field(
+        default=0.02,
+        ge=0,
+        description="Placement cost of each token held by a node's running requests.",
+    )
+    forward_cost_tokens: float = Field(
+        default=64.0, ge=0, description="Placement cost of forwarding to a peer, in prompt tokens."
+    )
+    forward_connect_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="Seconds to connect to a peer; one that cannot be reached is skipped and "
+        "the request served here.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ClusterSettings:

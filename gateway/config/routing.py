@@ -17,15 +17,37 @@ class RuleSettings(BaseModel):
     conversation already has; the rule falls through when it has none)."""
 
     model_config = _FROZEN
-    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9-]+$")
-    version: int = Field(default=1, ge=1)
-    thinking: Literal["on", "off", "keep"]
-    # conditions
-    last_is_tool_result: bool | None = None
-    has_tools: bool | None = None
-    pattern: str | None = None  # regex searched in the last user turn (case-insensitive)
-    min_prompt_tokens: int | None = Field(default=None, ge=0)
-    protocols: tuple[str, ...] = ()  # chat, completions, responses, messages; empty: all
+    name: str = Field(
+        min_length=1,
+        max_length=40,
+        pattern=r"^[a-z0-9-]+$",
+        description="The rule's name (lower-case letters, digits, dashes), reported as "
+        "`rule:<name>@<version>`.",
+    )
+    version: int = Field(default=1, ge=1, description="The rule's version, reported with its name.")
+    thinking: Literal["on", "off", "keep"] = Field(
+        description="What the rule decides: `on`, `off`, or `keep` (the conversation's mode; "
+        "the rule falls through when it has none)."
+    )
+    last_is_tool_result: bool | None = Field(
+        default=None, description="Condition: the last message is (true) or is not a tool result."
+    )
+    has_tools: bool | None = Field(
+        default=None, description="Condition: the request offers tools (true) or none (false)."
+    )
+    pattern: str | None = Field(
+        default=None,
+        description="Condition: a regular expression found in the last user turn "
+        "(case-insensitive).",
+    )
+    min_prompt_tokens: int | None = Field(
+        default=None, ge=0, description="Condition: the prompt has at least this many tokens."
+    )
+    protocols: tuple[str, ...] = Field(
+        default=(),
+        description="Condition: the request came in on one of these APIs (`chat`, "
+        "`completions`, `responses`, `messages`); empty: any.",
+    )
 
     @field_validator("pattern")
     @classmethod
@@ -43,9 +65,14 @@ class ScorerSettings(BaseModel):
     goes on at `threshold` and above. Signals are described in gateway/routing/signals.py."""
 
     model_config = _FROZEN
-    # Fitted and chosen on the tuning half of tests/gateway/routing_eval (benchmarks/routing.py).
-    threshold: float = Field(default=0.28, ge=0, le=1)
-    bias: float = -1.67
+    threshold: float = Field(
+        default=0.28,
+        ge=0,
+        le=1,
+        description="Thinking goes on at this score and above (chosen on the tuning half of the "
+        "routing evaluation set, `benchmarks/routing.py`).",
+    )
+    bias: float = Field(default=-1.67, description="The scorer's intercept.")
     weights: dict[str, float] = Field(
         default_factory=lambda: {
             "maths": 2.2,
@@ -61,10 +88,16 @@ class ScorerSettings(BaseModel):
             "depth": 0.0,
             "easy": -1.39,
             "cjk": -0.44,
-        }
+        },
+        description="Weight per signal (fitted by `benchmarks/routing.py --fit`); a signal "
+        "left out weighs 0, an unknown name is refused at start.",
     )
-    # Only the first `scan_chars` characters of the last user turn are read (bounded cost).
-    scan_chars: int = Field(default=2000, gt=0)
+    scan_chars: int = Field(
+        default=2000,
+        gt=0,
+        description="Only this many leading characters of the last user turn are read "
+        "(bounded cost).",
+    )
 
 
 class BreakerSettings(BaseModel):
@@ -73,10 +106,19 @@ class BreakerSettings(BaseModel):
     `cooldown_s`; then one probe request is let through, and its success closes it."""
 
     model_config = _FROZEN
-    failures: int = Field(default=5, ge=1)
-    error_rate: float = Field(default=0.5, gt=0, le=1)
-    window: int = Field(default=20, ge=1)
-    cooldown_s: float = Field(default=30.0, gt=0)
+    failures: int = Field(default=5, ge=1, description="Consecutive failures that open it.")
+    error_rate: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Share of failed calls over the last `window` calls that opens it.",
+    )
+    window: int = Field(default=20, ge=1, description="Calls the error rate is taken over.")
+    cooldown_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds an open breaker skips the provider before one probe is let through.",
+    )
 
 
 class PrefixSettings(BaseModel):
@@ -89,27 +131,59 @@ class PrefixSettings(BaseModel):
     `max_queue` (at or under `local_max_queue`: cached prompts overflow like cold ones)."""
 
     model_config = _FROZEN
-    wait_cost_tokens: int = Field(default=1024, ge=1)
-    max_queue: int = Field(default=16, ge=0)
+    wait_cost_tokens: int = Field(
+        default=1024,
+        ge=1,
+        description="Prompt tokens of recomputation one request waiting beyond "
+        "`local_max_queue` counts as (about one slot's turnover in upstream prefill).",
+    )
+    max_queue: int = Field(
+        default=16,
+        ge=0,
+        description="The longest queue a cached conversation may still wait in for the local "
+        "engine.",
+    )
 
 
 class RoutingSettings(BaseModel):
     model_config = _FROZEN
-    rules: tuple[RuleSettings, ...] = (
-        RuleSettings(name="tool-results", thinking="keep", last_is_tool_result=True),
-        RuleSettings(name="tools", thinking="off", has_tools=True),
-        RuleSettings(
-            name="proof-markers",
-            thinking="on",
-            pattern=r"\b(prove|proof|show that|lemma|theorem)\b|证明|求证",
+    rules: tuple[RuleSettings, ...] = Field(
+        default=(
+            RuleSettings(name="tool-results", thinking="keep", last_is_tool_result=True),
+            RuleSettings(name="tools", thinking="off", has_tools=True),
+            RuleSettings(
+                name="proof-markers",
+                thinking="on",
+                pattern=r"\b(prove|proof|show that|lemma|theorem)\b|证明|求证",
+            ),
         ),
+        description="Named, versioned rules for auto models, in order: the first whose "
+        "conditions all hold decides. Setting this list replaces the defaults.",
     )
-    scorer: ScorerSettings = ScorerSettings()
-    breaker: BreakerSettings = BreakerSettings()
-    # Conversation stickiness: an auto conversation keeps its first mode for this long.
-    sticky_ttl_s: int = Field(default=1800, ge=1)
-    # The local engine is preferred while requests waiting for it (this one included) stay at
-    # or under this; beyond it, an upstream route the key may use takes the request, unless
-    # the engine caches enough of the prompt (`prefix`).
-    local_max_queue: int = Field(default=4, ge=0)
-    prefix: PrefixSettings = PrefixSettings()
+    scorer: ScorerSettings = Field(
+        default=ScorerSettings(),
+        description="The cheap-signal scorer that decides when no rule does: "
+        "sigmoid(bias + sum(weight x signal)).",
+    )
+    breaker: BreakerSettings = Field(
+        default=BreakerSettings(),
+        description="Per-provider circuit breaker: an open one is skipped at once.",
+    )
+    sticky_ttl_s: int = Field(
+        default=1800,
+        ge=1,
+        description="An auto conversation keeps the thinking mode it began with for this many "
+        "seconds (stored in Redis, on every replica).",
+    )
+    local_max_queue: int = Field(
+        default=4,
+        ge=0,
+        description="The local engine is preferred while the requests waiting for it (this one "
+        "included) stay at or under this; beyond it an upstream route the key may use takes "
+        "the request, unless the engine caches enough of the prompt (`prefix`).",
+    )
+    prefix: PrefixSettings = Field(
+        default=PrefixSettings(),
+        description="How long a queue a conversation whose prefix the local engine caches may "
+        "still wait in.",
+    )

@@ -31,48 +31,96 @@ _MAX_SOCKET_PATH = 107
 
 class ServerSettings(BaseModel):
     model_config = _FROZEN
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    grace_period_s: float = Field(default=10.0, ge=0)
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
-    # A stream that has no first event after this many seconds gets its headers (and opening
-    # frames) at once; before that a failing route falls back unseen and an error keeps its
-    # HTTP status, after it errors arrive in the stream (route fallback still works).
-    stream_headers_after_s: float = Field(default=2.0, gt=0)
-    # A stream silent for this many seconds gets a keep-alive frame (an SSE comment; a
-    # `response.in_progress` event on /v1/responses). Keep it below clients' read timeouts.
-    keepalive_s: float = Field(default=5.0, gt=0)
-    # Serving processes on one port (SO_REUSEPORT). With a local engine, worker 0 loads it and
-    # the others reach it over a unix socket (gateway/engine_host/worker_share.py).
-    workers: int = Field(default=1, ge=1, le=256)
-    # Where the supervisor of workers > 1 puts the engine socket (engine-<port>.sock) unless
-    # cluster.internal_socket names one.
-    run_dir: Path = Path(".data/run")
-    # How often workers 1..N-1 ask worker 0's engine for its load and liveness (routing's
-    # queue signal and /readyz read the latest answer).
-    engine_poll_s: float = Field(default=0.1, gt=0)
-    # Slow clients are bounded: a connection is closed when it has not sent a whole request
-    # head this long after it opened or after its last answer (idle keep-alive connections
-    # too); a request's body must arrive this long after its head (else a 408); a client that
-    # reads nothing of a stream for this long is disconnected, and its slot freed.
-    request_head_timeout_s: float = Field(default=60.0, gt=0)
-    request_body_timeout_s: float = Field(default=60.0, gt=0)
-    write_stall_timeout_s: float = Field(default=60.0, gt=0)
-    # While at most busy_wait_max_waiting answers are awaited (Redis's replies to admissions
-    # and settlements, upstream answers), the event loop polls for them for up to busy_wait_us
-    # after each is asked for instead of sleeping: an idle CPU of a virtual machine takes
-    # longer to wake than Redis or a nearby upstream takes to answer. 0: always sleep. Not in
-    # the process that runs the embedded engine (its threads want the CPU).
-    busy_wait_us: int = Field(default=200, ge=0, le=10_000)
-    busy_wait_max_waiting: int = Field(default=4, ge=1)
-    # Once a serving process is up, what it built to start (modules, settings, the app, the
-    # engine's objects) is moved out of the garbage collector's sight (gc.freeze), and a young
-    # collection runs after this many more container objects were allocated than freed (Python's
-    # default is 700). A request leaves almost no reference cycles behind but keeps a few
-    # hundred objects alive while it runs: at 700, dozens of requests in flight set off a young
-    # collection every few requests and an old one, over every object of the process, every
-    # few thousand (together 9% of a request's CPU here).
-    gc_young_threshold: int = Field(default=10_000, ge=100)
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
+    grace_period_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="On SIGTERM or SIGINT, streams in progress may finish within this many "
+        "seconds before the process stops.",
+    )
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        gt=0,
+        description="Largest request body accepted; a larger one is a 413, refused by its "
+        "declared Content-Length before any of it is read.",
+    )
+    stream_headers_after_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="A stream with no first event after this many seconds gets its headers and "
+        "opening frames at once. Before that, a failing route falls back unseen and an error "
+        "keeps its HTTP status; after it, errors arrive in the stream (routes still fall back "
+        "until the first token).",
+    )
+    keepalive_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="A stream silent for this many seconds gets a keep-alive frame (an SSE "
+        "comment; a `response.in_progress` event on /v1/responses; `ping` on /v1/messages). "
+        "Keep it below clients' read timeouts.",
+    )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Serving processes on one port (SO_REUSEPORT). With a local engine, worker 0 "
+        "loads it and the others reach it over a unix socket. Not with `cluster.enabled`.",
+    )
+    run_dir: Path = Field(
+        default=Path(".data/run"),
+        description="With workers > 1: where worker 0's engine socket (`engine-<port>.sock`) "
+        "goes, unless `cluster.internal_socket` names one.",
+    )
+    engine_poll_s: float = Field(
+        default=0.1,
+        gt=0,
+        description="With workers > 1: how often workers 1..N-1 ask worker 0's engine for its "
+        "load and liveness (routing's queue signal and /readyz read the latest answer).",
+    )
+    request_head_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A connection that has not sent a whole request head this long after it "
+        "opened, or after its last answer, is closed without an answer (idle keep-alive "
+        "connections too).",
+    )
+    request_body_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A request's body must arrive within this many seconds of its head, "
+        "else a 408 `request_timeout`.",
+    )
+    write_stall_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A client that reads nothing of a stream for this long is disconnected; its "
+        "request is recorded as 499 and its slot and reservation freed.",
+    )
+    busy_wait_us: int = Field(
+        default=200,
+        ge=0,
+        le=10_000,
+        description="While at most `busy_wait_max_waiting` answers are awaited (Redis's replies "
+        "to admissions and settlements, upstream answers), the event loop polls for each this "
+        "many microseconds instead of sleeping: an idle virtual CPU takes longer to wake than "
+        "Redis or a nearby upstream takes to answer. 0: always sleep. Never in the process "
+        "that runs the embedded engine (its threads want the CPU).",
+    )
+    busy_wait_max_waiting: int = Field(
+        default=4,
+        ge=1,
+        description="The most answers awaited at once for which the event loop still polls "
+        "(`busy_wait_us`); with more, the loop is busy anyway.",
+    )
+    gc_young_threshold: int = Field(
+        default=10_000,
+        ge=100,
+        description="Once a serving process is up, what it built to start is frozen out of the "
+        "garbage collector's scans (gc.freeze), and a young collection runs after this many more "
+        "container objects were allocated than freed (Python's default is 700, which under "
+        "dozens of requests in flight collects every few requests).",
+    )
 
     @property
     def spin(self) -> Spin:
@@ -82,56 +130,111 @@ class ServerSettings(BaseModel):
 
 class RedisSettings(BaseModel):
     model_config = _FROZEN
-    url: str = "redis://127.0.0.1:6379/0"
-    # Start a private redis-server under data_dir when `url` is unreachable.
-    embedded: bool = True
-    data_dir: Path = Path(".data/redis")
-    key_prefix: str = "gw:"
-    # Connections per gateway process; callers wait for a free one up to timeout_s.
-    max_connections: int = Field(default=128, gt=0)
-    # Every call to Redis (key lookups, admission, settlement, the admin API) fails after this.
-    timeout_s: float = Field(default=5.0, gt=0)
-    # How long start-up waits for a Redis that is loading its data (a large append-only file).
-    start_timeout_s: float = Field(default=60.0, gt=0)
+    url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="The Redis every replica shares (keys, limits, usage, stickiness, the "
+        "cluster index). Credentials in it are masked in logs and errors.",
+    )
+    embedded: bool = Field(
+        default=True,
+        description="Start a private redis-server (append-only persistence under `data_dir`) "
+        "when `url` is unreachable, and stop it on exit.",
+    )
+    data_dir: Path = Field(
+        default=Path(".data/redis"), description="Where the embedded redis-server keeps its data."
+    )
+    key_prefix: str = Field(
+        default="gw:", description="Prefix of every Redis key the gateway uses."
+    )
+    max_connections: int = Field(
+        default=128,
+        gt=0,
+        description="Pooled connections per process for key lookups and the admin API; callers "
+        "wait for a free one up to `timeout_s`.",
+    )
+    timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Every call to Redis (key lookups, admission, settlement, the admin API) "
+        "fails after this many seconds: the request gets a 503 `state_store_unavailable`.",
+    )
+    start_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long start-up waits for a Redis that is loading its data (a large "
+        "append-only file).",
+    )
 
 
 class LoggingSettings(BaseModel):
     model_config = _FROZEN
-    format: Literal["json", "console"] = "console"
-    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "console"] = Field(
+        default="console",
+        description="`json`: one JSON object per line (production); `console`: for people.",
+    )
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="The least severe level written."
+    )
 
 
 class AdminSettings(BaseModel):
     model_config = _FROZEN
-    api_key: SecretStr | None = None
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="Bearer token of the admin API (environment only: "
+        "`GATEWAY_ADMIN__API_KEY`). Unset: every /admin request is a 403 `admin_disabled`.",
+    )
 
 
 class AuthSettings(BaseModel):
     model_config = _FROZEN
-    # false: no API keys, limits or usage accounting (a private deployment behind its own auth).
-    enabled: bool = True
+    enabled: bool = Field(
+        default=True,
+        description="false: no API keys, limits or usage records (only behind your own "
+        "authentication).",
+    )
 
 
 class LimitSettings(BaseModel):
     model_config = _FROZEN
-    # Completion tokens reserved for a request that sets no max_tokens, on a model whose output
-    # limit is unknown (no `max_output_tokens`, no local engine). Never sent upstream as a cap.
-    default_max_tokens: int = Field(default=4096, gt=0)
-    usage_stream_maxlen: int = Field(default=1_000_000, gt=0)
-    # A request's concurrency slot and reservation are a lease of this many seconds, renewed
-    # while it runs: capacity held by a replica that died or lost Redis is back this soon.
-    slot_lease_s: float = Field(default=15.0, ge=1)
-    # Settlements Redis could not take are appended here and replayed (at recovery and start).
-    spool_dir: Path = Path(".data/spool")
+    default_max_tokens: int = Field(
+        default=4096,
+        gt=0,
+        description="Completion tokens reserved for a request without max_tokens on a model "
+        "whose output limit is unknown (no `max_output_tokens`, no local engine). Never sent "
+        "upstream as a cap.",
+    )
+    usage_stream_maxlen: int = Field(
+        default=1_000_000,
+        gt=0,
+        description="Most per-request usage records the Redis usage stream keeps (the oldest "
+        "are trimmed).",
+    )
+    slot_lease_s: float = Field(
+        default=15.0,
+        ge=1,
+        description="A request's concurrency slot and reservation are a lease of this many "
+        "seconds, renewed while it runs: capacity held by a replica that died or lost Redis "
+        "comes back this soon.",
+    )
+    spool_dir: Path = Field(
+        default=Path(".data/spool"),
+        description="Settlements Redis could not take are appended (fsync'd) here and replayed "
+        "at recovery and at the next start.",
+    )
 
 
 class MessagesSettings(BaseModel):
     """The Anthropic Messages API (`/v1/messages`)."""
 
     model_config = _FROZEN
-    # HMAC secret signing thinking blocks (environment only: GATEWAY_MESSAGES__SIGNING_SECRET);
-    # unset: a random one per process, so signatures do not survive a restart or cross replicas.
-    signing_secret: SecretStr | None = None
+    signing_secret: SecretStr | None = Field(
+        default=None,
+        description="HMAC secret signing thinking blocks (environment only: "
+        "`GATEWAY_MESSAGES__SIGNING_SECRET`; the same on every replica). Unset: a random one "
+        "per process (shared by its workers), so signatures do not survive a restart or cross "
+        "replicas.",
+    )
 
 
 class ProviderSettings(BaseModel):
@@ -140,27 +243,72 @@ class ProviderSettings(BaseModel):
     `kind = "local"`: the embedded DeepSeek-V3.1 engine."""
 
     model_config = _FROZEN
-    kind: Literal["openai", "anthropic", "local"] = "openai"
-    base_url: str = ""
-    api_key_env: str | None = None
-    # Further accounts of the same upstream (environment variables holding their keys): a
-    # conversation keeps to one account, by a hash of its first messages.
-    api_key_envs: tuple[str, ...] = ()
-    enabled: bool = True
-    thinking_style: ThinkingStyle = "deepseek"
-    # Whether earlier assistant reasoning is sent back upstream in the history.
-    send_reasoning_history: bool = False
-    connect_timeout_s: float = Field(default=10.0, gt=0)
-    first_byte_timeout_s: float = Field(default=120.0, gt=0)
-    idle_timeout_s: float = Field(default=120.0, gt=0)
-    # A JSON client's answer, non-streamed upstream unless stream_upstream (openai_upstream.py).
-    answer_timeout_s: float = Field(default=600.0, gt=0)
-    stream_upstream: bool = False
-    max_connections: int = Field(default=256, gt=0)
-    headers: dict[str, str] = Field(default_factory=dict)
-    # Provider-side model names or glob patterns (`deepseek-*`, `*`) that clients may address
-    # directly as `<provider>/<model>`; empty: only the configured models reach this provider.
-    direct_models: tuple[str, ...] = ()
+    kind: Literal["openai", "anthropic", "local"] = Field(
+        default="openai",
+        description="`openai`: an upstream speaking the OpenAI API; `anthropic`: one speaking "
+        "the Anthropic Messages API; `local`: the embedded engine (`[engine]`).",
+    )
+    base_url: str = Field(
+        default="",
+        description="The upstream's base URL, http:// or https:// (OpenAI kind: up to and "
+        "including `/v1`; Anthropic kind: before `/v1/messages`). Unused by `local`.",
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        description="Name of the environment variable holding the upstream's key (keys never "
+        "live in the TOML file).",
+    )
+    api_key_envs: tuple[str, ...] = Field(
+        default=(),
+        description="Further accounts of the same upstream (environment variables holding "
+        "their keys): a conversation keeps to one account, by a hash of its first messages.",
+    )
+    enabled: bool = Field(default=True, description="false: the provider is not opened.")
+    thinking_style: ThinkingStyle = Field(
+        default="deepseek",
+        description="How the upstream takes the thinking switch: `deepseek` "
+        '(`thinking: {"type": ...}`), `chat_template_kwargs` (vLLM/SGLang), '
+        "`reasoning_effort` (OpenAI), `none` (never sent).",
+    )
+    send_reasoning_history: bool = Field(
+        default=False,
+        description="Whether earlier assistant reasoning is sent back upstream in the history.",
+    )
+    connect_timeout_s: float = Field(
+        default=10.0, gt=0, description="Seconds to open the TCP (and TLS) connection."
+    )
+    first_byte_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="A streamed request: seconds from sending it until the first data frame "
+        "(keep-alive comments do not count).",
+    )
+    idle_timeout_s: float = Field(
+        default=120.0, gt=0, description="A streamed answer: the longest silence between reads."
+    )
+    answer_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="A non-streamed upstream request (a JSON client's, unless "
+        "`stream_upstream`): seconds until its whole answer is read.",
+    )
+    stream_upstream: bool = Field(
+        default=False,
+        description="Stream from the upstream for JSON clients too: a stalled upstream is "
+        "found by the first-byte and idle timeouts, at the CPU cost of parsing every chunk.",
+    )
+    max_connections: int = Field(
+        default=256, gt=0, description="Kept-alive upstream connections pooled per process."
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="Extra HTTP headers sent with every upstream request."
+    )
+    direct_models: tuple[str, ...] = Field(
+        default=(),
+        description="Provider-side model names or glob patterns (`deepseek-*`, `*`) that "
+        "clients may address directly as `<provider>/<model>`; empty: only the configured "
+        "models reach this provider.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ProviderSettings:
@@ -182,27 +330,42 @@ class ProviderSettings(BaseModel):
 
 class RouteSettings(BaseModel):
     model_config = _FROZEN
-    provider: str
-    model: str
-    # Force DeepSeek thinking on/off on this route (None: the client's choice).
-    thinking: bool | None = None
+    provider: str = Field(description="A configured provider's name, or a preset's.")
+    model: str = Field(description="The model's name at that provider.")
+    thinking: bool | None = Field(
+        default=None,
+        description="Force DeepSeek thinking on (true) or off (false) on this route; unset: "
+        "the client's choice, or the routing decision.",
+    )
 
 
 class ModelSettings(BaseModel):
     model_config = _FROZEN
-    routes: tuple[RouteSettings, ...]
-    owned_by: str = "gateway"
-    # The most tokens the model can produce in one answer (reasoning included): what a request
-    # without max_tokens reserves. Unset: a local engine's context length minus the prompt,
-    # else limits.default_max_tokens.
-    max_output_tokens: int | None = Field(default=None, gt=0)
-    # A cap sent upstream for requests that set no max_tokens. Unset: none is sent, and the
-    # answer may run to the model's own limit.
-    default_max_tokens: int | None = Field(default=None, gt=0)
-    # "static": the routes as listed, thinking as the route forces or the client asks;
-    # "auto": thinking and local/upstream decided per request (gateway/routing/);
-    # "shadow": decided like "auto" and reported, but served as "static".
-    routing: RoutingMode = "static"
+    routes: tuple[RouteSettings, ...] = Field(
+        description="The routes, in order: when one fails before the first token reached the "
+        "client, the next is tried."
+    )
+    owned_by: str = Field(default="gateway", description="`owned_by` in /v1/models.")
+    max_output_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="The most tokens the model produces in one answer (reasoning included): "
+        "what a request without max_tokens reserves. Unset: a local engine's context length "
+        "minus the prompt, else `limits.default_max_tokens`.",
+    )
+    default_max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="A cap sent upstream for requests that set no max_tokens (at most "
+        "`max_output_tokens`). Unset: none is sent, and the answer may run to the model's own "
+        "limit.",
+    )
+    routing: RoutingMode = Field(
+        default="static",
+        description="`static`: the routes as listed, thinking as the route forces or the client "
+        "asks; `auto`: thinking and local or upstream decided per request (`[routing]`); "
+        "`shadow`: decided like `auto` and reported, but served as `static`.",
+    )
 
     @field_validator("routes")
     @classmethod
@@ -225,10 +388,23 @@ class EngineSettings(BaseModel):
     checks are the only ones (`cache_memory_mb` is accepted for `cache_memory_bytes`)."""
 
     model_config = _FROZEN
-    model_path: Path | None = None
-    demo_dir: Path = Path(".data/demo-checkpoint")
-    demo_preset: Literal["tiny", "small"] = "small"
-    config: EngineConfig = Field(default_factory=EngineConfig)
+    model_path: Path | None = Field(
+        default=None,
+        description="A checkpoint directory (config.json, safetensors, tokenizer). Unset: the "
+        "demo checkpoint under `demo_dir`, built on first start.",
+    )
+    demo_dir: Path = Field(
+        default=Path(".data/demo-checkpoint"),
+        description="Where the demo checkpoint (random weights, the real architecture and "
+        "tokenizer) is built and reused when `model_path` is unset.",
+    )
+    demo_preset: Literal["tiny", "small"] = Field(
+        default="small", description="Size of the demo checkpoint."
+    )
+    config: EngineConfig = Field(
+        default_factory=EngineConfig,
+        description="The engine's knobs, written flat under `[engine]`.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -276,23 +452,59 @@ class Settings(BaseSettings):
         env_prefix="GATEWAY_", env_nested_delimiter="__", frozen=True, extra="forbid"
     )
 
-    server: ServerSettings = ServerSettings()
-    redis: RedisSettings = RedisSettings()
-    logging: LoggingSettings = LoggingSettings()
-    admin: AdminSettings = AdminSettings()
-    auth: AuthSettings = AuthSettings()
-    limits: LimitSettings = LimitSettings()
-    engine: EngineSettings = EngineSettings()
-    cluster: ClusterSettings = ClusterSettings()
-    providers: dict[str, ProviderSettings] = Field(default_factory=dict)
-    models: dict[str, ModelSettings] = Field(default_factory=dict)
-    routing: RoutingSettings = RoutingSettings()
-    # Model-id patterns (fnmatch, first match wins) -> a configured model, for clients that
-    # ask for their own ids: {"claude-*haiku*" = "deepseek-chat", "claude-*" = "deepseek-reasoner"}.
-    model_patterns: dict[str, str] = Field(default_factory=dict)
-    messages: MessagesSettings = MessagesSettings()
-    # Add the built-in TaoToken / DeepSeek / OpenAI providers whose key env var is set.
-    use_presets: bool = True
+    server: ServerSettings = Field(
+        default=ServerSettings(),
+        description="The HTTP server: address, timeouts for slow clients, streams, processes.",
+    )
+    redis: RedisSettings = Field(
+        default=RedisSettings(),
+        description="The Redis that holds keys, limits, usage, stickiness and the cluster index.",
+    )
+    logging: LoggingSettings = Field(default=LoggingSettings(), description="Log format and level.")
+    admin: AdminSettings = Field(default=AdminSettings(), description="The admin API (/admin).")
+    auth: AuthSettings = Field(default=AuthSettings(), description="API keys on the public API.")
+    limits: LimitSettings = Field(
+        default=LimitSettings(),
+        description="Reservations, leases and the durability of usage accounting.",
+    )
+    engine: EngineSettings = Field(
+        default=EngineSettings(),
+        description="The embedded DeepSeek-V3.1 engine, used by providers of kind `local`.",
+    )
+    cluster: ClusterSettings = Field(
+        default=ClusterSettings(),
+        description="Several nodes (gateway and engine) sharing one Redis, each request served "
+        "where its prompt's prefix is cached.",
+    )
+    providers: dict[str, ProviderSettings] = Field(
+        default_factory=dict,
+        description="Providers by name. The presets `taotoken` (https://taotoken.net/api/v1, "
+        "`TAOTOKEN_API_KEY`, any model addressable), `deepseek` (https://api.deepseek.com/v1, "
+        "`DEEPSEEK_API_KEY`, `deepseek-*`) and `openai` (https://api.openai.com/v1, "
+        "`OPENAI_API_KEY`, `gpt-*`, `o[0-9]*`, `chatgpt-*`) are added when their key is set "
+        "(see `use_presets`); a provider of the same name here replaces the preset.",
+    )
+    models: dict[str, ModelSettings] = Field(
+        default_factory=dict, description="Public models by id: what /v1/models lists."
+    )
+    routing: RoutingSettings = Field(
+        default=RoutingSettings(),
+        description="Routing of auto models: rules, the scorer, breakers, stickiness, overflow.",
+    )
+    model_patterns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Client model ids served as a configured model: fnmatch pattern -> model "
+        'id, first match wins (`"claude-*haiku*" = "deepseek-chat"`). Usage, quotas and a '
+        "key's model list count the configured model; the answer echoes the id asked for.",
+    )
+    messages: MessagesSettings = Field(
+        default=MessagesSettings(), description="The Anthropic Messages API (/v1/messages)."
+    )
+    use_presets: bool = Field(
+        default=True,
+        description="Add the built-in TaoToken, DeepSeek and OpenAI providers whose key's "
+        "environment variable is set.",
+    )
 
     @classmethod
     def settings_customise_sources(

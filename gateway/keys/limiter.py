@@ -154,7 +154,7 @@ class Limiter:
 
     def _names(self, key_id: str, now_s: float) -> _KeyNames:
         """The names of `key_id`'s Redis keys on the UTC day of `now_s`, built once per key and
-        day (formatting them was a good part of what a request cost here)."""
+        day (formatting them per request is a measurable share of a request's CPU)."""
         day_number = int(now_s // 86_400)
         if day_number != self._day:
             self._day, self._names_of = day_number, {}

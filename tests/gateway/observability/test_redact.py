@@ -1,4 +1,4 @@
-"""No URL's credentials in a log line or an answer (issue 9, item 13)."""
+"""No URL's credentials in a log line or an answer."""
 
 from __future__ import annotations
 

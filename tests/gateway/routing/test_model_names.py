@@ -1,4 +1,4 @@
-"""Client-chosen model names are bounded (issue 9, item 12): `provider/model` is routed only
+"""Client-chosen model names are bounded: `provider/model` is routed only
 where the provider's `direct_models` allows it, and metrics and usage count models under
 configured names, so inventing names grows neither `/metrics` nor the usage counters."""
 

@@ -1,5 +1,5 @@
 """Hostile input over every route of a live gateway: each is a 4xx in OpenAI error JSON with an
-`x-request-id`, never a 500 or silence (issue 9, items 1 to 5)."""
+`x-request-id`, never a 500 or silence."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Malformed HTTP that aiohttp's parser rejects before the app sees a request: the answer is
-still OpenAI error JSON with an `x-request-id` (issue 9, item 6), served by `GatewayRunner`."""
+still OpenAI error JSON with an `x-request-id`, served by `GatewayRunner`."""
 
 from __future__ import annotations
 
