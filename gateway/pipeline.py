@@ -29,7 +29,15 @@ from gateway.metrics import Metrics
 from gateway.middleware import REQUEST_ID
 from gateway.output_limits import OutputLimits
 from gateway.routing import Route, Router
-from gateway.routing.breaker import ALLOW, OPEN, Breakers, Key, counts_as_failure, describe_error
+from gateway.routing.breaker import (
+    ALLOW,
+    EXHAUSTED,
+    OPEN,
+    Breakers,
+    Key,
+    counts_as_failure,
+    describe_error,
+)
 from gateway.routing.decide import Decider, Decision
 from gateway.routing.explain import ROUTE, explain, note_placement
 from gateway.routing.plan import RoutePlanner
@@ -185,20 +193,28 @@ class Pipeline:
         panicking: list[tuple[Route, Key]] = []
         breakers = self.breakers
         for route in decision.routes:
-            verdict, key = self._gate(route, chat)
-            if verdict != ALLOW:
-                skipped.append(route.provider_name)
-                skipped_keys.append(key)
-                if verdict == OPEN:
-                    panicking.append((route, key))
-                continue
-            request[ROUTE] = explain(decision, route, skipped)
-            attempt = await self._attempt(
-                request, decision, chat, sampling, tally, label, route, key
-            )
-            if not isinstance(attempt, perr.ProviderError):
-                return attempt
-            failure = attempt
+            tried: tuple[str, ...] = ()  # accounts of this route that failed this request
+            while True:
+                verdict, key = self._gate(route, chat, tried)
+                if verdict == EXHAUSTED:
+                    break
+                if verdict != ALLOW:
+                    if not tried:
+                        skipped.append(route.provider_name)
+                        skipped_keys.append(key)
+                        if verdict == OPEN:
+                            panicking.append((route, key))
+                    break
+                request[ROUTE] = explain(decision, route, skipped)
+                attempt = await self._attempt(
+                    request, decision, chat, sampling, tally, label, route, key
+                )
+                if not isinstance(attempt, perr.ProviderError):
+                    return attempt
+                failure = attempt
+                if not key[2]:  # one account: on to the next route
+                    break
+                tried += (key[2],)
         if breakers.settings.panic and failure is None and panicking:
             # No route could be tried and some are open: try those anyway (panic mode).
             skipped.clear()
@@ -228,10 +244,10 @@ class Pipeline:
             headers={"Retry-After": str(retry)},
         )
 
-    def _gate(self, route: Route, chat: ChatRequest) -> tuple[int, Key]:
+    def _gate(self, route: Route, chat: ChatRequest, tried: tuple[str, ...]) -> tuple[int, Key]:
         """What the breakers say of `route` now, and its key. On a provider of several
         accounts: the conversation's own account, else the next one (by its ranking) that
-        may serve, which the request is then sent to (`trace.account`)."""
+        may serve and was not `tried` by this request (EXHAUSTED when none is left)."""
         name = route.provider_name
         accounts = self.breakers.accounts.get(name)
         if accounts is None:
@@ -239,14 +255,15 @@ class Pipeline:
             return self.breakers.check(key), key
         first: tuple[int, Key] | None = None
         for i in rank(accounts, conversation_key(chat)):
+            if accounts[i] in tried:
+                continue
             key = (name, route.model, accounts[i])
             verdict = self.breakers.check(key)
             if verdict == ALLOW:
                 return verdict, key
             if first is None or (verdict == OPEN and first[0] != OPEN):
                 first = (verdict, key)  # OPEN first: panic mode may still try it
-        assert first is not None
-        return first
+        return first if first is not None else (EXHAUSTED, (name, route.model, ""))
 
     async def _attempt(
         self,

@@ -47,6 +47,7 @@ Key = tuple[str, str, str]  # (provider, upstream model, account identity or "")
 ALLOW = 0
 OPEN = 1  # its breaker is open (a probe is out, or the next one is not due)
 BACKOFF = 2  # the upstream asked for a pause (429)
+EXHAUSTED = 3  # every account of the route was tried by this request already
 
 
 def counts_as_failure(exc: perr.ProviderError) -> bool:

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+import pytest
 from structlog.testing import capture_logs
 
 from tests.gateway.conftest import gateway_settings, start_gateway
@@ -217,3 +218,36 @@ async def test_readyz_is_200_with_a_provider_down_says_which_and_calls_no_upstre
         assert 'gateway_breaker_state{account="",model="echo",provider="refused"} 2.0' in text
         assert 'gateway_provider_open_breakers{provider="refused"} 1.0' in text
         assert "gateway_ready 1.0" in text
+
+
+async def test_a_failing_account_is_skipped_and_its_conversations_move_to_the_next(
+    mock_upstream: MockUpstream, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mock_upstream.api_key = "good-key"
+    monkeypatch.setenv("BREAKER_TEST_KEY_A", "revoked-key")  # 401 on this account
+    monkeypatch.setenv("BREAKER_TEST_KEY_B", "good-key")
+    provider = {
+        "kind": "openai",
+        "base_url": mock_upstream.base_url,
+        "api_key_env": "BREAKER_TEST_KEY_A",
+        "api_key_envs": ["BREAKER_TEST_KEY_B"],
+    }
+    models = {"multi-model": {"routes": [{"provider": "multi", "model": "echo"}]}}
+    async with (
+        open_gateway(mock_upstream, redis_prefix, models=models, multi=provider) as root,
+        aiohttp.ClientSession() as s,
+    ):
+        statuses = []
+        for i in range(40):  # 40 conversations: about half of them belong to account A
+            body = {"model": "multi-model", "messages": [{"role": "user", "content": f"c{i}"}]}
+            async with s.post(f"{root}/v1/chat/completions", json=body) as resp:
+                statuses.append(resp.status)
+                if resp.status == 200:
+                    assert "account=2/2" in resp.headers["x-gateway-route"]
+        assert statuses == [200] * 40  # account A's failures were retried on account B
+        assert len(mock_upstream.requests) < 40 + 2 * OPEN_AFTER  # A skipped once open
+        status, body = await ready(s, root)
+        assert status == 200 and body["failing_models"] == []
+        multi = body["providers"]["multi"]["breakers"]
+        assert list(multi) == ["echo@BREAKER_TEST_KEY_A"]
+        assert multi["echo@BREAKER_TEST_KEY_A"]["state"] == "open"
