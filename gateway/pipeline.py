@@ -195,7 +195,11 @@ class Pipeline:
         for route in decision.routes:
             tried: tuple[str, ...] = ()  # accounts of this route that failed this request
             while True:
-                verdict, key = self._gate(route, chat, tried)
+                if route.provider_name in breakers.accounts:
+                    verdict, key = self._gate(route, chat, tried)
+                else:  # the common case: one account, one dict lookup
+                    key = (route.provider_name, route.model, "")
+                    verdict = breakers.check(key)
                 if verdict == EXHAUSTED:
                     break
                 if verdict != ALLOW:
@@ -245,14 +249,11 @@ class Pipeline:
         )
 
     def _gate(self, route: Route, chat: ChatRequest, tried: tuple[str, ...]) -> tuple[int, Key]:
-        """What the breakers say of `route` now, and its key. On a provider of several
-        accounts: the conversation's own account, else the next one (by its ranking) that
-        may serve and was not `tried` by this request (EXHAUSTED when none is left)."""
+        """What the breakers say of `route`, on a provider of several accounts, and the key
+        to send it with: the conversation's own account, else the next one (by its ranking)
+        that may serve and was not `tried` by this request (EXHAUSTED when none is left)."""
         name = route.provider_name
-        accounts = self.breakers.accounts.get(name)
-        if accounts is None:
-            key = (name, route.model, "")
-            return self.breakers.check(key), key
+        accounts = self.breakers.accounts[name]
         first: tuple[int, Key] | None = None
         for i in rank(accounts, conversation_key(chat)):
             if accounts[i] in tried:
