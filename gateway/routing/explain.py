@@ -3,8 +3,8 @@
 Format: `; `-separated `name=value` fields, in this order (optional ones only when they apply):
   provider=<provider>; model=<provider-side model>; thinking=on|off; reason=<reason>
   [; score=<0.00-1.00>] [; client=refused] [; cached=<tokens>]
-  [; kept=prefix | overflow=queue|context] [; skipped=<p1>,<p2>] [; panic=1]
-  [; shadow_thinking=on|off; shadow_reason=<reason>[; shadow_score=<score>]]
+  [; kept=prefix | overflow=queue|context] [; skipped=<p1>,<p2>]
+  [; shadow_thinking=on|off; shadow_reason=<reason>[; shadow_score=<score>]] [; panic=1]
   [; node=<cluster node>; prefix=<cached>/<reusable blocks>; via=local|forward|fallback
      [; tried=<unreachable node>]] [; account=<i>/<n>]
 `skipped` names the providers of routes passed over (an open breaker, or a 429's back-off);
