@@ -314,7 +314,7 @@ class Pipeline:
                 breakers.rate_limited(key, exc.retry_after, describe_error(exc))
             elif counts_as_failure(exc):
                 breakers.failure(key, describe_error(exc))
-            else:  # load, not health: see _by_load
+            else:  # a full local engine queue: load, not health
                 breakers.release(key)
             return exc
         except BaseException:
