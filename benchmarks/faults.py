@@ -20,7 +20,18 @@ settled). Held = slots whose lease has not run out and the tokens they reserve.
 Targets: 0 lost and 0 held after recovery, except gateway-kill, where only the requests in
 flight at that instant may be lost (their capacity comes back within one lease, 15 s).
 
+Upstream rows (a mock upstream of the row's own, short answers):
+
+  model-failing    `--clients` clients on a healthy model while `--failing-clients` clients
+                   ask another model of the same provider that answers 500, for `--duration`
+                   seconds: healthy-model requests refused (target 0)
+  upstream-back    `--clients` clients on the upstream's one model; the upstream is killed,
+                   stays down `--down` seconds (its breaker opens), and restarts on its port:
+                   seconds from the restart to the first 200 (target <= 1) and until every
+                   client has had a 200 (full concurrency, target <= 2)
+
     .venv/bin/python benchmarks/faults.py [--clients 16] [--pause 7] [--down 3] [--lease 15]
+        [--duration 5] [--failing-clients 16] [--only model-failing --only upstream-back]
 """
 
 from __future__ import annotations
@@ -113,6 +124,95 @@ async def gateway_kill(stage: Stage, args: argparse.Namespace) -> int:
     return in_flight
 
 
+SHORT = "echo-chunks-5"  # a short answer: the upstream rows time single answers
+
+
+async def model_failing(args: argparse.Namespace, workdir: Path) -> str:
+    """Healthy-model requests refused while another model of the same provider fails."""
+    mock = MockUpstream()
+    await mock.start()
+    redis_server = RedisProcess(workdir)
+    await redis_server.start()
+    redis = Redis.from_url(redis_server.url)
+    gateway = GatewayProcess(
+        workdir, redis_server.url, mock.base_url, SHORT, models={"failing": "fail-500"}
+    )
+    try:
+        await gateway.start()
+        key, _ = await create_key(redis, budget_tokens=10**9, rpm=10**7)
+        healthy = Load(gateway.root, key, args.clients)
+        failing = Load(gateway.root, key, args.failing_clients, model="failing")
+        healthy.start()
+        failing.start()
+        await asyncio.sleep(args.duration)
+        await failing.stop()
+        await healthy.stop()
+        asked = sum(healthy.statuses.values())
+        refused = asked - healthy.statuses["200"]
+        failed = sum(failing.statuses.values())
+        return (
+            f"{'model-failing':<15} healthy {asked:>6} refused {refused:>4} (target 0) "
+            f"{'met' if refused == 0 else 'MISSED'}; failing-model answers {failed} "
+            f"{dict(failing.statuses)}"
+        )
+    finally:
+        if gateway.proc is not None:
+            await gateway.stop(signal.SIGTERM)
+        await redis.aclose()
+        redis_server.stop()
+        await mock.stop()
+
+
+async def upstream_back(args: argparse.Namespace, workdir: Path) -> str:
+    """Seconds from an upstream's restart to the first 200 and to every client's."""
+    mock = MockUpstream()
+    url = await mock.start()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    redis_server = RedisProcess(workdir)
+    await redis_server.start()
+    redis = Redis.from_url(redis_server.url)
+    gateway = GatewayProcess(workdir, redis_server.url, url, SHORT)
+    load: Load | None = None
+    try:
+        await gateway.start()
+        key, _ = await create_key(redis, budget_tokens=10**9, rpm=10**7)
+        load = Load(gateway.root, key, args.clients)
+        load.start()
+        await asyncio.sleep(args.warmup)
+        await mock.stop()
+        await asyncio.sleep(args.down)
+        down = sum(load.statuses.values()) - load.statuses["200"]
+        await mock.start(port)
+        back = time.monotonic()
+        for _ in range(3000):  # up to 30 s
+            if load.all_ok_after(back) is not None:
+                break
+            await asyncio.sleep(0.01)
+        first, full = load.first_ok_after(back), load.all_ok_after(back)
+        first_s = None if first is None else first - back
+        full_s = None if full is None else full - back
+        met = first_s is not None and first_s <= 1 and full_s is not None and full_s <= 2
+        shown = [f"{x:.3f}" if x is not None else "never" for x in (first_s, full_s)]
+        return (
+            f"{'upstream-back':<15} first 200 after {shown[0]} s (target <= 1), all "
+            f"{args.clients} clients after {shown[1]} s (target <= 2) "
+            f"{'met' if met else 'MISSED'}; {down} answers refused while down"
+        )
+    finally:
+        if load is not None:
+            await load.stop()
+        if gateway.proc is not None:
+            await gateway.stop(signal.SIGTERM)
+        await redis.aclose()
+        redis_server.stop()
+        await mock.stop()
+
+
+UPSTREAM_ROWS: dict[str, Callable[[argparse.Namespace, Path], Awaitable[str]]] = {
+    "model-failing": model_failing,
+    "upstream-back": upstream_back,
+}
+
 SCENARIOS: dict[str, Fault] = {
     "redis-pause": redis_pause,
     "redis-kill": redis_kill,
@@ -161,23 +261,30 @@ async def main() -> None:
     parser.add_argument("--down", type=float, default=3.0, help="seconds Redis is dead")
     parser.add_argument("--lease", type=float, default=15.0, help="limits.slot_lease_s")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load first")
-    parser.add_argument("--only", choices=sorted(SCENARIOS), action="append")
+    parser.add_argument("--duration", type=float, default=5.0, help="model-failing seconds")
+    parser.add_argument("--failing-clients", type=int, default=16, help="on the failing model")
+    parser.add_argument("--only", choices=sorted([*SCENARIOS, *UPSTREAM_ROWS]), action="append")
     args = parser.parse_args()
-    mock = MockUpstream()
-    await mock.start()
-    print(
-        f"{'scenario':<14} {'admitted':>8} {'lost':>6} {'slots':>6} {'tokens':>7} "
-        f"{'recover s':>9}   {'target':<24} result"
-    )
-    try:
-        for name, fault in SCENARIOS.items():
-            if args.only and name not in args.only:
-                continue
-            with tempfile.TemporaryDirectory() as workdir:
-                result = await run_scenario(name, fault, mock, args, Path(workdir))
-            print(result.line(), flush=True)
-    finally:
-        await mock.stop()
+    wanted = [n for n in SCENARIOS if not args.only or n in args.only]
+    if wanted:
+        mock = MockUpstream()
+        await mock.start()
+        print(
+            f"{'scenario':<14} {'admitted':>8} {'lost':>6} {'slots':>6} {'tokens':>7} "
+            f"{'recover s':>9}   {'target':<24} result"
+        )
+        try:
+            for name in wanted:
+                with tempfile.TemporaryDirectory() as workdir:
+                    result = await run_scenario(name, SCENARIOS[name], mock, args, Path(workdir))
+                print(result.line(), flush=True)
+        finally:
+            await mock.stop()
+    for name, row in UPSTREAM_ROWS.items():
+        if args.only and name not in args.only:
+            continue
+        with tempfile.TemporaryDirectory() as workdir:
+            print(await row(args, Path(workdir)), flush=True)
 
 
 if __name__ == "__main__":

@@ -141,9 +141,14 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             server.stream_headers_after_s, server.keepalive_s, server.write_stall_timeout_s
         )
         routing = settings.routing
-        breakers = Breakers(providers, routing.breaker)
+        breakers = Breakers(routing.breaker)
+        live = settings.live_providers()[0]
+        for name, provider_settings in live.items():
+            accounts = provider_settings.accounts() if provider_settings.kind != "local" else ()
+            if len(accounts) > 1 and name in providers:
+                breakers.accounts[name] = tuple(identity for identity, _ in accounts)
         app[BREAKERS] = breakers
-        local = frozenset(n for n, p in settings.live_providers()[0].items() if p.kind == "local")
+        local = frozenset(n for n, p in live.items() if p.kind == "local")
         stickiness = Stickiness(redis, settings.redis.key_prefix, routing.sticky_ttl_s)
         stack.push_async_callback(stickiness.drain)  # its writes land before Redis closes
         decider = Decider(routing, local, providers, stickiness)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from aiohttp import web
@@ -21,6 +20,7 @@ from gateway.resources import (
     WORKER,
 )
 from gateway.server.middleware import REQUEST_ID
+from gateway.server.readiness import export, readiness
 from gateway.server.request_body import read_body
 from gateway.wire.chat_request import parse_chat, parse_completion
 from gateway.wire.chat_response import ChatWire
@@ -131,37 +131,24 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    checks: dict[str, bool] = {}
-    try:
-        checks["redis"] = bool(await asyncio.wait_for(request.app[REDIS].ping(), timeout=2))
-    except Exception:
-        checks["redis"] = False
-    providers = request.app[ROUTER].providers
-    results = await asyncio.gather(
-        *(p.health() for p in providers.values()), return_exceptions=True
-    )
-    for name, ok in zip(providers, results, strict=True):
-        checks[f"provider:{name}"] = ok is True
-    ready = all(checks.values())
-    # Breakers are detail, not readiness: an open one is skipped while the others serve.
-    breakers = request.app[BREAKERS].states()
-    return web.json_response(
-        {"status": "ready" if ready else "not_ready", "checks": checks, "breakers": breakers},
-        status=200 if ready else 503,
-    )
-
-
-_BREAKER_LEVELS = {"closed": 0, "half_open": 1, "open": 2}
+    """Whether this process can serve (gateway/server/readiness.py): no upstream is called."""
+    ready, body = await _readiness(request)
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    m, breakers = request.app[METRICS], request.app[BREAKERS]
-    for name, state in breakers.states().items():
-        m.breaker_state.labels(name).set(_BREAKER_LEVELS[state])
-    for name, count in breakers.times_opened().items():
-        m.breaker_opened.labels(name).set(count)
+    m = request.app[METRICS]
+    ready, _ = await _readiness(request)
+    export(m, request.app[BREAKERS], request.app[ROUTER].providers, ready)
     body = m.render()
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+async def _readiness(request: web.Request) -> tuple[bool, dict[str, Any]]:
+    app = request.app
+    settings = app[SETTINGS]
+    local = [n for n, p in settings.live_providers()[0].items() if p.kind == "local"]
+    return await readiness(app[REDIS], app[ROUTER], app[BREAKERS], local)
 
 
 def routes() -> list[web.RouteDef]:

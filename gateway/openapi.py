@@ -111,7 +111,11 @@ def build_openapi() -> dict[str, Any]:
             "get": _operation("One model", security=_API_KEY, parameters=[_path_param("model")])
         },
         "/healthz": {"get": _operation("Liveness")},
-        "/readyz": {"get": _operation("Readiness (503 while a dependency is down)")},
+        "/readyz": {
+            "get": _operation(
+                "Readiness: 503 while Redis, a local engine or every route of a model is down"
+            )
+        },
         "/metrics": {
             "get": {
                 "summary": "Prometheus metrics",

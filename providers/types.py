@@ -166,6 +166,9 @@ class RouteTrace:
     (`placement`: "node=b; prefix=12/14; via=forward"), for the route explanation."""
 
     placement: str | None = None
+    # Set by the gateway before the call: the index of the account (of a provider with
+    # several) that the request goes to; None: the provider picks by the conversation.
+    account: int | None = None
 
 
 @record

@@ -82,7 +82,7 @@ def node_sections(
             "liveness_ttl_s": 4.0,
             **(cluster or {}),
         },
-        "providers.local": {"kind": "local"},
+        "providers.local.provider": {"kind": "local"},
     }
 
 

@@ -46,6 +46,8 @@ class GatewayProcess:
     model: str  # the mock scenario every request runs, e.g. "echo-chunks-20-gap-0.05"
     lease_s: float = 15.0
     timeout_s: float = 2.0
+    # Further models beside "drill", each a mock scenario on the same provider.
+    models: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -80,8 +82,14 @@ kind = "openai"
 base_url = "{self.upstream_url}"
 [models."drill"]
 routes = [{{ provider = "mock", model = "{self.model}" }}]
-""")
+{self._more_models()}""")
         return config
+
+    def _more_models(self) -> str:
+        return "".join(
+            f'[models."{name}"]\nroutes = [{{ provider = "mock", model = "{scenario}" }}]\n'
+            for name, scenario in self.models.items()
+        )
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         env = {**os.environ, "GATEWAY_USE_PRESETS": "false", "PYTHONPATH": str(ROOT)}
@@ -137,13 +145,16 @@ class Load:
     root: str
     key: str
     clients: int
+    model: str = "drill"
     statuses: Counter[str] = field(default_factory=Counter)
+    # (monotonic time the answer was read, client index, status), in order
+    answers: list[tuple[float, int, str]] = field(default_factory=list)
     in_flight: int = 0
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _running: bool = True
 
     def start(self) -> None:
-        self._tasks = [asyncio.ensure_future(self._client()) for _ in range(self.clients)]
+        self._tasks = [asyncio.ensure_future(self._client(i)) for i in range(self.clients)]
 
     async def stop(self) -> None:
         self._running = False
@@ -152,8 +163,22 @@ class Load:
     def retarget(self, root: str) -> None:
         self.root = root
 
-    async def _client(self) -> None:
-        body = {"model": "drill", "messages": USER, "stream": True, "max_tokens": 50}
+    def first_ok_after(self, since: float) -> float | None:
+        """When the first answer with status 200 was read after `since` (None: none yet)."""
+        return next((t for t, _, s in self.answers if t >= since and s == "200"), None)
+
+    def all_ok_after(self, since: float) -> float | None:
+        """When every client had read an answer with status 200 after `since` (None: not yet)."""
+        seen: set[int] = set()
+        for t, client, status in self.answers:
+            if t >= since and status == "200":
+                seen.add(client)
+                if len(seen) == self.clients:
+                    return t
+        return None
+
+    async def _client(self, index: int) -> None:
+        body = {"model": self.model, "messages": USER, "stream": True, "max_tokens": 50}
         headers = {"Authorization": f"Bearer {self.key}"}
         async with aiohttp.ClientSession() as session:
             while self._running:
@@ -166,13 +191,14 @@ class Load:
                         timeout=aiohttp.ClientTimeout(total=30),
                     ) as resp:
                         await resp.read()
-                        self.statuses[str(resp.status)] += 1
-                        ok = resp.status == 200
+                        status = str(resp.status)
                 except (aiohttp.ClientError, TimeoutError):
-                    self.statuses["broken"] += 1
-                    ok = False
+                    status = "broken"
                 finally:
                     self.in_flight -= 1
+                self.statuses[status] += 1
+                self.answers.append((time.monotonic(), index, status))
+                ok = status == "200"
                 if not ok:
                     await asyncio.sleep(0.05)
 

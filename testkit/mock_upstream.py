@@ -271,7 +271,8 @@ class MockUpstream:
     _runner: web.AppRunner | None = None
     _counter: int = 0
 
-    async def start(self) -> str:
+    async def start(self, port: int = 0) -> str:
+        """Serve on `port` (0: a free one); a stopped mock restarts on its old port."""
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._chat)
@@ -281,7 +282,8 @@ class MockUpstream:
         )
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart on its port
+        sock.bind(("127.0.0.1", port))
         port = sock.getsockname()[1]
         await web.SockSite(self._runner, sock).start()
         self.base_url = f"http://127.0.0.1:{port}/v1"

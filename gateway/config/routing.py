@@ -101,23 +101,48 @@ class ScorerSettings(BaseModel):
 
 
 class BreakerSettings(BaseModel):
-    """Per-provider circuit breaker: `failures` consecutive failures, or an error rate of
-    `error_rate` over the last `window` calls (once `window` calls were seen), open it for
-    `cooldown_s`; then one probe request is let through, and its success closes it."""
+    """Circuit breakers and rate-limit back-off per route key (provider, upstream model,
+    account): gateway/routing/breaker.py says what counts as a failure."""
 
     model_config = _FROZEN
-    failures: int = Field(default=5, ge=1, description="Consecutive failures that open it.")
+    failures: int = Field(
+        default=5, ge=1, description="Consecutive failures of a route key that open its breaker."
+    )
     error_rate: float = Field(
         default=0.5,
         gt=0,
         le=1,
-        description="Share of failed calls over the last `window` calls that opens it.",
+        description="Share of failures over the last `window` outcomes that opens the breaker.",
     )
-    window: int = Field(default=20, ge=1, description="Calls the error rate is taken over.")
+    window: int = Field(
+        default=20, ge=1, description="Outcomes the error rate is taken over (once this many)."
+    )
     cooldown_s: float = Field(
-        default=30.0,
+        default=0.5,
         gt=0,
-        description="Seconds an open breaker skips the provider before one probe is let through.",
+        description="While a breaker is open: at most one probe request per this many seconds "
+        "(one at a time); the probe's success closes it.",
+    )
+    panic: bool = Field(
+        default=True,
+        description="When every route of a model is open, try them anyway (as Envoy's panic "
+        "threshold does) instead of refusing with 503 `providers_unavailable`.",
+    )
+    rate_limit_backoff_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="How long a route key is skipped after a 429 without Retry-After.",
+    )
+    max_backoff_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="The longest Retry-After of a 429 that is honoured (longer ones are cut).",
+    )
+    max_tracked: int = Field(
+        default=4096,
+        ge=1,
+        description="Route keys with a breaker (and, apart, with a back-off) kept at most; "
+        "closed breakers are forgotten first.",
     )
 
 

@@ -23,7 +23,7 @@ from gateway.keys.usage import usage_entry
 from gateway.routing.policy import DEFAULT_POLICY
 from plumbing.busy_wait import BusyWait
 
-log = structlog.get_logger("gateway.access")
+log = structlog.get_logger("gateway.access.contract")
 
 
 class RedisAccessControl:

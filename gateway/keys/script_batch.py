@@ -21,7 +21,7 @@ still runs atomically on its own.
   several items read, and write once what they write). Redis pays for each argument about what
   it pays for a small command, and for a number passed as text its parsing: packed, a keyed
   request costs Redis about a quarter less CPU than with an argument per value
-  (benchmarks/redis_cost.py).
+  (benchmarks/trees/redis.py).
 - Scripts missing from the server's cache (a restart, SCRIPT FLUSH) are sent again as EVAL.
 - A script's error reply fails only its caller (`ResponseError`): every item of a batched
   call, and no other call.

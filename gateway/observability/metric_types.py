@@ -102,6 +102,10 @@ class _Family(Collector, Generic[Child]):
             child = self._children[key] = self._new_child()
         return child
 
+    def clear(self) -> None:
+        """Forget every labelled child (a scrape-time gauge set anew from its source)."""
+        self._children.clear()
+
     def describe(self) -> list[Metric]:
         return [self._empty()]
 

@@ -77,16 +77,38 @@ class Metrics:
             registry=r,
         )
         self.breaker_state = Gauge(
-            "gateway_provider_breaker_state",
-            "Circuit breaker per provider: 0 closed, 1 half-open, 2 open",
-            ["provider"],
+            "gateway_breaker_state",
+            "Circuit breaker per route key: 0 closed, 1 half-open (a probe out), 2 open "
+            "(keys that never failed have none)",
+            ["provider", "model", "account"],
             registry=r,
         )
         self.breaker_opened = Gauge(
-            "gateway_provider_breaker_opened",
-            "Times the provider's circuit breaker opened since start",
+            "gateway_breaker_opened",
+            "Times the route key's circuit breaker opened since start",
+            ["provider", "model", "account"],
+            registry=r,
+        )
+        self.provider_open_breakers = Gauge(
+            "gateway_provider_open_breakers",
+            "Route keys of the provider whose breaker is open or half-open",
             ["provider"],
             registry=r,
+        )
+        self.provider_rate_limited = Gauge(
+            "gateway_provider_rate_limited_routes",
+            "Route keys of the provider in a back-off the upstream asked for (429)",
+            ["provider"],
+            registry=r,
+        )
+        self.provider_last_success_age = Gauge(
+            "gateway_provider_last_success_age_seconds",
+            "Seconds since the provider last answered a request (absent: never yet)",
+            ["provider"],
+            registry=r,
+        )
+        self.ready = Gauge(
+            "gateway_ready", "1 when /readyz would answer 200, else 0 (at scrape time)", registry=r
         )
 
     def series(self, endpoint: str, model: str, provider: str, status: str) -> RequestSeries:

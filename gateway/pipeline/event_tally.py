@@ -34,6 +34,8 @@ class Tally:
     usage: Usage | None = None
     finish: FinishReason | None = None
     failed: bool = False  # the provider failed after the first event (counts for its breaker)
+    failed_with: str = ""  # that failure, for the breaker's last error
+    breaker_key: tuple[str, str, str] | None = None  # the route key that answered
     failure: GatewayError | None = None  # what ended a stream after its headers were sent
 
     def see(self, event: Event) -> None:

@@ -11,6 +11,7 @@ nothing to say (gateway/server/sse_stream.py); routes fall back for as long as n
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import replace
@@ -21,14 +22,22 @@ from aiohttp import web
 
 from gateway.access.contract import AccessControl, Grant, Outcome, Principal, Ticket
 from gateway.config.routing import BreakerSettings, RoutingSettings
-from gateway.errors import GatewayError, ServiceUnavailable, provider_error_to_gateway
+from gateway.errors import GatewayError, RateLimited, ServiceUnavailable, provider_error_to_gateway
 from gateway.observability import log_context
 from gateway.observability.metrics import Metrics
 from gateway.pipeline.event_tally import Tally, empty, prepend, without_reasoning
 from gateway.pipeline.output_limits import OutputLimits
 from gateway.pipeline.prompt_estimates import prompt_tokens
 from gateway.routing import Route, Router
-from gateway.routing.breaker import Breakers
+from gateway.routing.breaker import (
+    ALLOW,
+    EXHAUSTED,
+    OPEN,
+    Breakers,
+    Key,
+    counts_as_failure,
+    describe_error,
+)
 from gateway.routing.decide import Decider, Decision
 from gateway.routing.explain import ROUTE, explain, note_placement
 from gateway.routing.plan import RoutePlanner
@@ -38,6 +47,7 @@ from gateway.wire.base import Wire
 from plumbing import jsoncodec
 from providers import errors as perr
 from providers.types import ChatRequest, Event, ReasoningDelta, Sampling, Usage
+from providers.upstream.affinity import conversation_key, rank
 
 log = structlog.get_logger("gateway.pipeline.pipeline")
 
@@ -60,7 +70,7 @@ class Pipeline:
         self.planner = planner or RoutePlanner(
             router, Decider(RoutingSettings(), frozenset(), {}, None), metrics
         )
-        self.breakers = breakers or Breakers((), BreakerSettings())
+        self.breakers = breakers or Breakers(BreakerSettings())
         self.access = access
         self.metrics = metrics
         self.limits = limits
@@ -122,8 +132,8 @@ class Pipeline:
             raise
         finally:
             self.metrics.in_flight.dec()
-            if tally.route is not None and tally.failed:
-                self.breakers.failure(tally.route.provider_name)
+            if tally.breaker_key is not None and tally.failed:
+                self.breakers.failure(tally.breaker_key, tally.failed_with)
             outcome = self._outcome(
                 ticket, tally, decision, request.get(ROUTE, ""), started, status, error_code
             )
@@ -173,70 +183,157 @@ class Pipeline:
         label: str,
     ) -> AsyncGenerator[Event, None]:
         """Start the first route that answers (recorded in `tally`); fall back while nothing
-        but keep-alives was sent to the client. A route whose provider's breaker is open is
-        skipped at once. `label` names the model in metrics."""
+        but keep-alives was sent to the client. A route whose breaker is open, or that the
+        upstream asked to pause (429), is skipped at once; when no route could be tried and
+        some were open, those are tried anyway (panic mode, `breaker.panic`; the first answer
+        closes its breaker). `label` names the model in metrics."""
         failure: perr.ProviderError | None = None
         skipped: list[str] = []
-        drop_reasoning = decision.reason == "policy:off"
+        skipped_keys: list[Key] = []
+        panicking: list[tuple[Route, Key]] = []
+        breakers = self.breakers
         for route in decision.routes:
-            name = route.provider_name
-            if not self.breakers.allow(name):
-                skipped.append(name)
-                continue
-            request[ROUTE] = explain(decision, route, skipped)
-            req = replace(
-                chat, model=route.model, thinking=decision.thinking_for(route), sampling=sampling
-            )
-            events = route.provider.chat(req)
-            try:
-                first = await anext(events)
-            except StopAsyncIteration:
-                self.breakers.success(name)
-                self._opened(decision, route, tally)
-                note_placement(request, req)
-                return empty()
-            except perr.ProviderError as exc:
-                await events.aclose()
-                exc.provider = exc.provider or name
-                self.metrics.errors.labels(label, name, exc.code).inc()
-                log.warning(
-                    "route_failed",
-                    provider=name,
-                    code=exc.code,
-                    error=exc.message,
-                    detail=exc.detail,
+            tried: tuple[str, ...] = ()  # accounts of this route that failed this request
+            while True:
+                if route.provider_name in breakers.accounts:
+                    verdict, key = self._gate(route, chat, tried)
+                else:  # the common case: one account, one dict lookup
+                    key = (route.provider_name, route.model, "")
+                    verdict = breakers.check(key)
+                if verdict == EXHAUSTED:
+                    break
+                if verdict != ALLOW:
+                    if not tried:
+                        skipped.append(route.provider_name)
+                        skipped_keys.append(key)
+                        if verdict == OPEN:
+                            panicking.append((route, key))
+                    break
+                request[ROUTE] = explain(decision, route, skipped)
+                attempt = await self._attempt(
+                    request, decision, chat, sampling, tally, label, route, key
                 )
-                if not exc.retryable:
-                    self.breakers.success(name)  # it answered: the request was at fault
-                    raise provider_error_to_gateway(exc) from None
-                if not isinstance(exc, perr.Overloaded):  # load, not health: see _by_load
-                    self.breakers.failure(name)
-                failure = exc
-                continue
-            except BaseException:
-                await events.aclose()
-                raise
-            self.breakers.success(name)
-            self._opened(decision, route, tally)
-            note_placement(request, req)
-            if drop_reasoning:
-                events = without_reasoning(events)
-                if isinstance(first, ReasoningDelta):
-                    return prepend(None, events, tally)
-            tally.see(first)
-            return prepend(first, events, tally)
+                if not isinstance(attempt, perr.ProviderError):
+                    return attempt
+                failure = attempt
+                if not key[2]:  # one account: on to the next route
+                    break
+                tried += (key[2],)
+        if breakers.settings.panic and failure is None and panicking:
+            # No route could be tried and some are open: try those anyway (panic mode).
+            skipped.clear()
+            for route, key in panicking:
+                request[ROUTE] = explain(decision, route, skipped) + "; panic=1"
+                attempt = await self._attempt(
+                    request, decision, chat, sampling, tally, label, route, key
+                )
+                if not isinstance(attempt, perr.ProviderError):
+                    return attempt
+                failure = attempt
+                skipped.append(route.provider_name)
         if failure is not None:
             raise provider_error_to_gateway(failure)
         request[ROUTE] = explain(decision, decision.routes[0], skipped)
-        retry = max(1, round(self.breakers.retry_after_s(skipped)))
+        retry = max(1, math.ceil(breakers.wait_s(skipped_keys)))
+        if not panicking:  # every route asked for a pause
+            raise RateLimited(
+                f"Every provider that serves the model '{chat.model}' asked the gateway to "
+                f"slow down; retry in {retry} s.",
+                retry_after=retry,
+                code="upstream_rate_limited",
+            )
         raise ServiceUnavailable(
             f"Every provider that serves the model '{chat.model}' is failing; retry in {retry} s.",
             code="providers_unavailable",
             headers={"Retry-After": str(retry)},
         )
 
-    def _opened(self, decision: Decision, route: Route, tally: Tally) -> None:
+    def _gate(self, route: Route, chat: ChatRequest, tried: tuple[str, ...]) -> tuple[int, Key]:
+        """What the breakers say of `route`, on a provider of several accounts, and the key
+        to send it with: the conversation's own account, else the next one (by its ranking)
+        that may serve and was not `tried` by this request (EXHAUSTED when none is left)."""
+        name = route.provider_name
+        accounts = self.breakers.accounts[name]
+        first: tuple[int, Key] | None = None
+        for i in rank(accounts, conversation_key(chat)):
+            if accounts[i] in tried:
+                continue
+            key = (name, route.model, accounts[i])
+            verdict = self.breakers.check(key)
+            if verdict == ALLOW:
+                return verdict, key
+            if first is None or (verdict == OPEN and first[0] != OPEN):
+                first = (verdict, key)  # OPEN first: panic mode may still try it
+        return first if first is not None else (EXHAUSTED, (name, route.model, ""))
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        decision: Decision,
+        chat: ChatRequest,
+        sampling: Sampling,
+        tally: Tally,
+        label: str,
+        route: Route,
+        key: Key,
+    ) -> AsyncGenerator[Event, None] | perr.ProviderError:
+        """Send the request down `route` (its breaker key `key`, whose account it goes to):
+        its events once the first arrived, or the failure to fall back from (a failure the
+        next route cannot help with is raised)."""
+        name = route.provider_name
+        if key[2]:
+            chat.trace.account = self.breakers.accounts[name].index(key[2])
+        req = replace(
+            chat, model=route.model, thinking=decision.thinking_for(route), sampling=sampling
+        )
+        breakers = self.breakers
+        events = route.provider.chat(req)
+        try:
+            first = await anext(events)
+        except StopAsyncIteration:
+            breakers.success(key)
+            self._opened(decision, route, tally, key)
+            note_placement(request, req)
+            return empty()
+        except perr.ProviderError as exc:
+            await events.aclose()
+            exc.provider = exc.provider or name
+            self.metrics.errors.labels(label, name, exc.code).inc()
+            log.warning(
+                "route_failed",
+                provider=name,
+                route_model=route.model,
+                code=exc.code,
+                error=exc.message,
+                detail=exc.detail,
+            )
+            if not exc.retryable:
+                breakers.success(key)  # it answered: the request was at fault
+                raise provider_error_to_gateway(exc) from None
+            if isinstance(exc, perr.UpstreamRateLimited):
+                breakers.rate_limited(key, exc.retry_after, describe_error(exc))
+            elif counts_as_failure(exc):
+                breakers.failure(key, describe_error(exc))
+            else:  # a full local engine queue: load, not health
+                breakers.release(key)
+            return exc
+        except BaseException:
+            await events.aclose()
+            breakers.release(key)
+            raise
+        breakers.success(key)
+        self._opened(decision, route, tally, key)
+        note_placement(request, req)
+        if decision.reason == "policy:off":
+            events = without_reasoning(events)
+            if isinstance(first, ReasoningDelta):
+                return prepend(None, events, tally)
+        tally.see(first)
+        return prepend(first, events, tally)
+
+    def _opened(self, decision: Decision, route: Route, tally: Tally, key: Key) -> None:
         tally.route = route
+        tally.breaker_key = key
         self.planner.count(decision, route)
         log_context.bind(provider=route.provider_name, route_model=route.model)
 
@@ -290,7 +387,8 @@ class Pipeline:
             await stream.open()
             await stream.finish(encoder.fail(err))
             tally.finish, tally.failure = None, err
-            tally.failed = isinstance(exc, perr.ProviderError) and exc.retryable
+            if isinstance(exc, perr.ProviderError) and counts_as_failure(exc):
+                tally.failed, tally.failed_with = True, describe_error(exc)
         finally:
             await stream.close()
             if events is not None:
@@ -311,7 +409,8 @@ class Pipeline:
             async for event in events:
                 agg.add(event)
         except perr.ProviderError as exc:
-            tally.failed = exc.retryable
+            if counts_as_failure(exc):
+                tally.failed, tally.failed_with = True, describe_error(exc)
             raise provider_error_to_gateway(exc) from None
         finally:
             await events.aclose()

@@ -4,9 +4,11 @@ Format: `; `-separated `name=value` fields, in this order (optional ones only wh
   provider=<provider>; model=<provider-side model>; thinking=on|off; reason=<reason>
   [; score=<0.00-1.00>] [; client=refused] [; cached=<tokens>]
   [; kept=prefix | overflow=queue|context] [; skipped=<p1>,<p2>]
-  [; shadow_thinking=on|off; shadow_reason=<reason>[; shadow_score=<score>]]
+  [; shadow_thinking=on|off; shadow_reason=<reason>[; shadow_score=<score>]] [; panic=1]
   [; node=<cluster node>; prefix=<cached>/<reusable blocks>; via=local|forward|fallback
      [; tried=<unreachable node>]] [; account=<i>/<n>]
+`skipped` names the providers of routes passed over (an open breaker, or a 429's back-off);
+`panic=1`: every route was open and this one was tried anyway (panic mode, breaker.py).
 Reasons: policy:off, policy:on, client, route, default, rule:<name>@<version>, sticky, score.
 `cached`, `kept` and `overflow` are an auto model's local-or-upstream choice (local_first.py):
 how many of the prompt's leading tokens the local engine held in its prefix cache, and why the

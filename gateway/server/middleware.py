@@ -34,6 +34,8 @@ REQUEST_ID = web.RequestKey("request_id", str)
 # Set by a handler whose successful answers are routine (worker 0's engine polls, ten a
 # second per worker): their access log line is at debug level.
 QUIET = web.RequestKey("quiet_access_log", bool)
+# The code logged for an error answer a handler returned itself (not raised).
+_RESPONSE_CODES = {499: "client_disconnected", 503: "not_ready"}
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _STATUS_TYPES = {
     400: "invalid_request_error",
@@ -81,22 +83,24 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     log_context.begin(request_id=request_id)
     started = time.perf_counter()
     status = 500
+    code: str | None = "internal_error"  # the error code of a non-2xx answer, for the log
     try:
         _refuse_declared_oversize(request)
         response = await handler(request)
         status = response.status
+        code = None if status < 400 else _RESPONSE_CODES.get(status, "error")
         return response
     except GatewayError as exc:
-        status = exc.status
+        status, code = exc.status, exc.code
         return render(exc, request.path)
     except asyncio.CancelledError:
-        status = 499  # the client went away
+        status, code = 499, "client_disconnected"  # the client went away
         raise
     except ConnectionResetError:
-        status = 499  # the client went away while we were writing
+        status, code = 499, "client_disconnected"  # the client went away while we were writing
         return web.Response(status=499)
     except RedisError as exc:
-        status = 503
+        status, code = 503, "state_store_unavailable"
         log.error("redis_unavailable", error=str(exc))
         return render(
             ServiceUnavailable(
@@ -111,7 +115,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         # match the bytes (gzip declared, plain text sent). Nothing more is read from it (aiohttp
         # would try once the answer is out, and log the same error as an unhandled one), and
         # the connection closes after the answer.
-        status = 400
+        status, code = 400, "unreadable_body"
         request.content.feed_eof()
         response = render(
             InvalidRequest(
@@ -124,15 +128,19 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response.force_close()
         return response
     except web.HTTPRequestEntityTooLarge:
-        status = 413
-        return render(PayloadTooLarge("The request body is too large."), request.path)
+        too_large = PayloadTooLarge("The request body is too large.")
+        status, code = 413, too_large.code
+        return render(too_large, request.path)
     except web.HTTPNotFound:
-        status = 404
-        return render(NotFound(f"Unknown path {request.method} {request.path}."), request.path)
+        not_found = NotFound(f"Unknown path {request.method} {request.path}.")
+        status, code = 404, not_found.code
+        return render(not_found, request.path)
     except web.HTTPException as exc:
         status = exc.status
         if exc.status < 400:
+            code = None
             raise
+        code = exc.reason.lower().replace(" ", "_")
         return _error_response(
             exc.status,
             exc.reason,
@@ -147,13 +155,20 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             500, "Internal server error.", "api_error", "internal_error", path=request.path
         )
     finally:
-        (log.debug if status < 400 and request.get(QUIET) else log.info)(
-            "request",
-            method=request.method,
-            path=request.path,
-            status=status,
-            ms=round((time.perf_counter() - started) * 1000, 2),
-        )
+        ms = round((time.perf_counter() - started) * 1000, 2)
+        if code is None:
+            (log.debug if request.get(QUIET) else log.info)(
+                "request", method=request.method, path=request.path, status=status, ms=ms
+            )
+        else:
+            log.info(
+                "request",
+                method=request.method,
+                path=request.path,
+                status=status,
+                ms=ms,
+                code=code,
+            )
 
 
 def _refuse_declared_oversize(request: web.Request) -> None:

@@ -27,7 +27,7 @@ from backend.text.tokenizer import Tokenizer
 from providers.local.engine_client import EnginePlacer
 from providers.local.provider import LocalProvider
 
-log = structlog.get_logger("providers.local")
+log = structlog.get_logger("providers.local.provider")
 
 DEFAULT_MODEL_ID = "deepseek-v3.1"
 

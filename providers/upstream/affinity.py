@@ -34,10 +34,16 @@ def conversation_key(request: ChatRequest) -> bytes:
 
 def pick(accounts: Sequence[str], key: bytes) -> int:
     """Index of the account (named by a stable identity) that `key` belongs to."""
+    return rank(accounts, key)[0]
+
+
+def rank(accounts: Sequence[str], key: bytes) -> list[int]:
+    """Indexes of `accounts` by `key`'s preference, its own account first: where that one
+    cannot serve, the conversation moves to the next (the same one every time)."""
     if not accounts:
         raise ValueError("no accounts to pick from")
     weights = [
         hashlib.blake2b(key + name.encode(), digest_size=8, person=_PERSON).digest()
         for name in accounts
     ]
-    return max(range(len(accounts)), key=weights.__getitem__)
+    return sorted(range(len(accounts)), key=weights.__getitem__, reverse=True)

@@ -279,7 +279,9 @@ class OpenAIUpstream:
         accounts = self._config.accounts
         if len(accounts) < 2:
             return _NO_HEADERS
-        i = pick([name for name, _ in accounts], conversation_key(request))
+        i = request.trace.account
+        if i is None or not 0 <= i < len(accounts):
+            i = pick([name for name, _ in accounts], conversation_key(request))
         request.trace.placement = f"account={i + 1}/{len(accounts)}"
         return {"Authorization": f"Bearer {accounts[i][1]}"}
 

@@ -239,7 +239,7 @@ async def test_worker_1_is_not_ready_until_the_engine_answers(
         root = pair.roots[1]
         async with aiohttp.ClientSession() as session, session.get(f"{root}/readyz") as resp:
             assert resp.status == 503
-            assert (await resp.json())["checks"]["provider:local"] is False
+            assert (await resp.json())["checks"]["engine:local"] is False
         key = await pair.key()
         body = {"model": "deepseek-chat", "messages": USER, "max_tokens": 4}
         status, _, answer = await ask(root, key, "/v1/chat/completions", body)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -92,3 +93,38 @@ async def test_sigkill_under_load_loses_only_the_requests_in_flight(
     )
     assert statuses == [200] * CLIENTS  # all of the cap, none refused
     await gateway.stop(signal.SIGTERM)
+
+
+async def test_an_upstream_restarted_under_streaming_load_serves_every_client_again(
+    private_redis: PrivateRedis, redis: Redis, tmp_path: Path
+) -> None:
+    upstream = MockUpstream()
+    url = await upstream.start()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    gateway = GatewayProcess(tmp_path, private_redis.url(), url, "echo-chunks-5")
+    await gateway.start()
+    key, _ = await create_key(redis, max_concurrency=CLIENTS, budget_tokens=10**6)
+    load = Load(gateway.root, key, CLIENTS)
+    load.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 20
+        while load.first_ok_after(0) is None:
+            assert asyncio.get_running_loop().time() < deadline, "the load did not start"
+            await asyncio.sleep(0.02)
+        await upstream.stop()
+        failed = sum(load.statuses.values()) - load.statuses["200"]
+        while sum(load.statuses.values()) - load.statuses["200"] < failed + 10:  # it is down
+            assert asyncio.get_running_loop().time() < deadline, "no failures seen"
+            await asyncio.sleep(0.02)
+        await upstream.start(port)
+        back = time.monotonic()
+        while (served := load.all_ok_after(back)) is None:
+            assert time.monotonic() - back < 10, "not every client was served again"
+            await asyncio.sleep(0.02)
+        first = load.first_ok_after(back)
+        assert first is not None and first - back < 5
+        assert served - back < 5
+    finally:
+        await load.stop()
+        await gateway.stop(signal.SIGTERM)
+        await upstream.stop()

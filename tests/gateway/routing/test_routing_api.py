@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -189,7 +190,7 @@ async def test_a_failing_upstream_opens_its_breaker_and_closes_on_recovery(
 ) -> None:
     mock_upstream.api_key = "upstream-secret"  # `flaky` sends none: 401 until it is cleared
     monkeypatch.setenv(GOOD_KEY_ENV, "upstream-secret")
-    breaker = {"failures": 2, "cooldown_s": 0.05}
+    breaker = {"failures": 2, "cooldown_s": 1.0}
     settings = routing_settings(mock_upstream, redis_prefix, breaker=breaker)
     async with open_routed(settings, mock_upstream) as gw:
         client = gw.client(await gw.key())
@@ -199,30 +200,37 @@ async def test_a_failing_upstream_opens_its_breaker_and_closes_on_recovery(
         sent = len(mock_upstream.requests)
         _, route = await chat(client, "flaky-model", EASY)
         assert route["provider"] == "good" and route["skipped"] == "flaky"
-        assert len(mock_upstream.requests) == sent + 1  # nothing sent to the open provider
+        assert len(mock_upstream.requests) == sent + 1  # nothing sent to the open route
         async with aiohttp.ClientSession() as http:
 
-            async def breaker_state() -> str:
+            async def breaker() -> dict[str, Any]:
                 async with http.get(gw.root + "/readyz") as resp:
-                    return str((await resp.json())["breakers"]["flaky"])
+                    assert resp.status == 200  # the model has a route that serves
+                    body = await resp.json()
+                    return dict(body["providers"]["flaky"]["breakers"]["echo"])
 
-            async def half_open() -> bool:
-                return await breaker_state() == "half_open"
+            async def probe_due() -> bool:
+                return (await breaker())["probe_in_s"] == 0
 
             async with http.get(gw.root + "/metrics") as resp:
                 text = await resp.text()
-            assert 'gateway_provider_breaker_opened{provider="flaky"} 1.0' in text
-            await until(half_open)
+            labels = 'account="",model="echo",provider="flaky"'
+            assert f"gateway_breaker_opened{{{labels}}} 1.0" in text
+            assert f"gateway_breaker_state{{{labels}}} 2.0" in text
+            assert 'gateway_provider_open_breakers{provider="flaky"} 1.0' in text
+            assert (await breaker())["last_error"].startswith("upstream_auth_failed (HTTP 401)")
+            await until(probe_due)
             mock_upstream.api_key = None  # the upstream recovers
             _, route = await chat(client, "flaky-model", EASY)  # the probe
             assert route["provider"] == "flaky" and "skipped" not in route
-            assert await breaker_state() == "closed"
+            assert (await breaker())["state"] == "closed"
 
 
-async def test_every_route_open_is_an_immediate_503_with_the_route_header(
+async def test_without_panic_every_route_open_is_an_immediate_503_with_the_route_header(
     mock_upstream: MockUpstream, redis_prefix: str
 ) -> None:
-    settings = routing_settings(mock_upstream, redis_prefix, breaker={"failures": 1})
+    breaker = {"failures": 1, "cooldown_s": 60, "panic": False}
+    settings = routing_settings(mock_upstream, redis_prefix, breaker=breaker)
     async with open_routed(settings, mock_upstream) as gw:
         client = gw.client(await gw.key())
         with pytest.raises(openai.InternalServerError):  # 502: the upstream failed
@@ -234,6 +242,23 @@ async def test_every_route_open_is_an_immediate_503_with_the_route_header(
         assert caught.value.response.headers["retry-after"]
         assert fields(caught.value.response.headers["x-gateway-route"])["skipped"] == "flaky"
         assert len(mock_upstream.requests) == sent
+
+
+async def test_in_panic_mode_a_model_whose_every_route_is_open_still_tries_them(
+    mock_upstream: MockUpstream, redis_prefix: str
+) -> None:
+    breaker = {"failures": 1, "cooldown_s": 60}
+    settings = routing_settings(mock_upstream, redis_prefix, breaker=breaker)
+    async with open_routed(settings, mock_upstream) as gw:
+        client = gw.client(await gw.key())
+        with pytest.raises(openai.InternalServerError):  # 502: the breaker opens
+            await chat(client, "down-model", EASY)
+        sent = len(mock_upstream.requests)
+        with pytest.raises(openai.InternalServerError) as caught:  # the upstream's own answer
+            await chat(client, "down-model", EASY)
+        assert len(mock_upstream.requests) == sent + 1
+        route = fields(caught.value.response.headers["x-gateway-route"])
+        assert route["provider"] == "flaky" and route["panic"] == "1"
 
 
 async def test_policy_through_the_admin_api_and_the_default_model(routed: Routed) -> None:

@@ -8,10 +8,12 @@ from pydantic import ValidationError
 
 from gateway.config.routing import BreakerSettings, RoutingSettings
 from gateway.config.settings import Settings
-from gateway.routing.breaker import Breaker
+from gateway.routing.breaker import ALLOW, BACKOFF, OPEN, Breaker, Breakers, counts_as_failure
 from gateway.routing.judge import Judge
 from gateway.routing.sticky import conversation_id, is_follow_up
+from providers import errors as perr
 from providers.types import ChatRequest, Message
+from providers.upstream.errors import http_error
 
 
 class Clock:
@@ -26,40 +28,105 @@ def test_consecutive_failures_open_then_one_probe_closes() -> None:
     clock = Clock()
     breaker = Breaker(BreakerSettings(failures=3, cooldown_s=10), clock)
     for _ in range(2):
-        breaker.failure()
+        breaker.failure("upstream_unavailable")
     assert breaker.state == "closed" and breaker.allow()
-    breaker.failure()
+    assert breaker.failure("upstream_unavailable (HTTP 500): down")
     assert breaker.state == "open" and not breaker.allow()
-    assert breaker.retry_after_s() == 10
+    assert breaker.probe_in_s() == 10
     clock.now += 10
-    assert breaker.state == "half_open"
     assert breaker.allow() and not breaker.allow()  # one probe at a time
-    breaker.failure()  # the probe failed: another cooldown
-    assert breaker.state == "open" and breaker.times_opened == 2
+    assert breaker.state == "half_open"
+    assert not breaker.failure("still down")  # the probe failed: another cooldown
+    assert breaker.state == "open" and breaker.times_opened == 1
+    assert breaker.last_error == "still down"
     clock.now += 10
     assert breaker.allow()
-    breaker.success()
+    assert breaker.success()
     assert breaker.state == "closed" and breaker.allow() and breaker.allow()
 
 
 def test_an_error_rate_opens_without_consecutive_failures() -> None:
     breaker = Breaker(BreakerSettings(failures=100, error_rate=0.5, window=4), Clock())
-    breaker.failure()
+    breaker.failure("x")
     breaker.success()
     breaker.success()
     assert breaker.state == "closed"  # the window is not full yet
-    breaker.failure()
+    breaker.failure("x")
     assert breaker.state == "open"  # 2 of the last 4 failed
 
 
-def test_an_unanswered_probe_is_replaced_after_a_cooldown() -> None:
+def test_a_released_probe_may_be_sent_again() -> None:
     clock = Clock()
     breaker = Breaker(BreakerSettings(failures=1, cooldown_s=5), clock)
-    breaker.failure()
+    breaker.failure("x")
     clock.now += 5
     assert breaker.allow() and not breaker.allow()
-    clock.now += 5
+    breaker.release()  # the probe's client left: no verdict
     assert breaker.allow()
+
+
+def test_breakers_are_per_route_key_and_429_is_a_back_off() -> None:
+    clock = Clock()
+    breakers = Breakers(BreakerSettings(failures=1, cooldown_s=5), clock)
+    failing, healthy = ("p", "bad-model", ""), ("p", "good-model", "")
+    breakers.failure(failing, "upstream_unavailable")
+    assert breakers.check(failing) == OPEN and breakers.check(healthy) == ALLOW
+    assert breakers.is_failing("p", "bad-model") and not breakers.is_failing("p", "good-model")
+    limited = ("p", "busy-model", "")
+    for _ in range(10):
+        breakers.rate_limited(limited, 7, "upstream_rate_limited")
+    assert breakers.check(limited) == BACKOFF and not breakers.is_failing("p", "busy-model")
+    assert breakers.wait_s([limited]) == 7
+    clock.now += 7
+    assert breakers.check(limited) == ALLOW
+    breakers.rate_limited(limited, None, "x")  # no Retry-After: the default back-off
+    assert breakers.wait_s([limited]) == BreakerSettings().rate_limit_backoff_s
+    breakers.rate_limited(limited, 10**6, "x")
+    assert breakers.wait_s([limited]) == BreakerSettings().max_backoff_s
+
+
+def test_a_provider_of_several_accounts_fails_only_when_every_account_does() -> None:
+    breakers = Breakers(BreakerSettings(failures=1), Clock())
+    breakers.accounts["p"] = ("KEY_A", "KEY_B")
+    breakers.failure(("p", "m", "KEY_A"), "upstream_auth_failed")
+    assert breakers.check(("p", "m", "KEY_A")) == OPEN
+    assert breakers.check(("p", "m", "KEY_B")) == ALLOW
+    assert not breakers.is_failing("p", "m")
+    breakers.failure(("p", "m", "KEY_B"), "upstream_auth_failed")
+    assert breakers.is_failing("p", "m")
+
+
+def test_the_number_of_breakers_is_bounded_and_open_ones_are_kept() -> None:
+    breakers = Breakers(BreakerSettings(failures=2, max_tracked=3), Clock())
+    breakers.failure(("p", "open", ""), "x")
+    breakers.failure(("p", "open", ""), "x")
+    for i in range(10):
+        breakers.failure(("p", f"m{i}", ""), "x")
+    kept = [key for key, _ in breakers.items()]
+    assert len(kept) == 3 and ("p", "open", "") in kept
+
+
+def test_what_counts_as_a_failure_of_the_upstream() -> None:
+    counted = [
+        http_error("p", 500, "", None),
+        http_error("p", 503, "", "7"),
+        http_error("p", 504, "", None),
+        http_error("p", 401, "", None),
+        perr.UpstreamTimeout("first byte"),
+        perr.UpstreamUnavailable("refused"),
+    ]
+    ignored = [
+        http_error("p", 429, "", "7"),
+        http_error("p", 429, "", None),
+        http_error("p", 400, "", None),
+        http_error("p", 404, "", None),
+        http_error("p", 413, "", None),
+        http_error("p", 422, "", None),
+        perr.Overloaded("queue full"),
+        perr.InvalidRequest("too long"),
+    ]
+    assert all(counts_as_failure(e) for e in counted)
+    assert not any(counts_as_failure(e) for e in ignored)
 
 
 def test_bad_routing_settings_are_refused_at_load() -> None:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from providers.types import ChatRequest, Message
-from providers.upstream.affinity import conversation_key, pick
+from providers.upstream.affinity import conversation_key, pick, rank
 from providers.upstream.openai import OpenAIUpstream, UpstreamConfig
 from testkit.mock_upstream import MockUpstream
 
@@ -65,3 +65,26 @@ async def test_the_conversations_key_is_sent_upstream(
             assert request.trace.placement == f"account={index + 1}/3"
     assert all(len(keys) == 1 for keys in sent.values())
     assert len(set().union(*sent.values())) > 1
+
+
+def test_a_conversations_accounts_are_ranked_its_own_first_and_stably() -> None:
+    for c in range(20):
+        key = conversation_key(turn(c, 0))
+        order = rank(ACCOUNTS, key)
+        assert sorted(order) == list(range(len(ACCOUNTS))) and order[0] == pick(ACCOUNTS, key)
+        assert rank(ACCOUNTS, key) == order
+        # Without its own account, the conversation keeps the order of the others.
+        rest = [ACCOUNTS[i] for i in order[1:]]
+        assert [rest[i] for i in rank(rest, key)] == rest
+
+
+async def test_the_account_the_gateway_chose_is_the_one_sent(
+    upstream: OpenAIUpstream, mock_upstream: MockUpstream
+) -> None:
+    for chosen in range(len(ACCOUNTS)):
+        request = turn(0, 0)
+        request.trace.account = chosen
+        _ = [event async for event in upstream.chat(request)]
+        assert request.trace.placement == f"account={chosen + 1}/3"
+        sent = mock_upstream.requests[-1].headers["Authorization"]
+        assert sent == f"Bearer sk-{ACCOUNTS[chosen].lower()}"

@@ -1,0 +1,145 @@
+"""Readiness: whether this process can serve, from what it already knows (no upstream call).
+
+Ready (200) when: Redis answers a PING (within `timeout_s`), every local engine provider is
+loaded and running (an in-process check), and every configured model has at least one route
+not known to be failing (its breaker is not open: gateway/routing/breaker.py). Otherwise 503.
+Third-party providers are never called: their health comes from the breakers and the outcomes
+of recent requests, and is reported in the body (`providers`) and in /metrics, not in the
+status code.
+
+Body: `status` ("ready" | "not_ready"), `checks` (`redis`, `engine:<name>` per local engine,
+`models`: all configured models have a route that is not failing), `failing_models` (models
+whose every route is failing), and `providers`: per provider `last_success_age_s`,
+`last_error` and `last_error_age_s` (null when none seen), `breakers` (per upstream model,
+and account where it has several: `state`, `probe_in_s`, `times_opened`, `consecutive_failures`,
+`last_error`) and `rate_limited` (per upstream model, and account: seconds of back-off left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from redis.asyncio import Redis
+
+from gateway.observability.metrics import Metrics
+from gateway.routing import Router
+from gateway.routing.breaker import Breakers, Key
+from providers.base import Provider
+
+STATE_LEVELS = {"closed": 0, "half_open": 1, "open": 2}
+
+
+async def redis_ok(redis: Redis, timeout_s: float) -> bool:
+    try:
+        return bool(await asyncio.wait_for(redis.ping(), timeout=timeout_s))
+    except Exception:  # any failure to answer means not ready
+        return False
+
+
+def failing_models(router: Router, breakers: Breakers, engines: Mapping[str, bool]) -> list[str]:
+    """Configured models whose every route is known to be failing (an open breaker, or a
+    local engine that is not running)."""
+    failing = []
+    for card in router.cards():
+        routes = router.resolve(card.id)
+        if all(
+            not engines.get(r.provider_name, True) or breakers.is_failing(r.provider_name, r.model)
+            for r in routes
+        ):
+            failing.append(card.id)
+    return failing
+
+
+async def engines_ok(providers: Mapping[str, Provider], local: Collection[str]) -> dict[str, bool]:
+    """Each local engine provider: loaded and taking requests (in-process, no network)."""
+    found: dict[str, bool] = {}
+    for name in local:
+        provider = providers.get(name)
+        try:
+            found[name] = provider is not None and await provider.health()
+        except Exception:  # an engine that cannot say is not ready
+            found[name] = False
+    return found
+
+
+def _label(key: Key, accounts: bool) -> str:
+    """A breaker's name within its provider: the model, and `@account` where there are several."""
+    return f"{key[1]}@{key[2]}" if accounts and key[2] else key[1]
+
+
+def provider_health(breakers: Breakers, names: Collection[str]) -> dict[str, dict[str, Any]]:
+    """Per provider: breakers, back-offs, last success and last error (see the module)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        age = breakers.last_success_age_s(name)
+        error = breakers.last_error(name)
+        out[name] = {
+            "last_success_age_s": None if age is None else round(age, 3),
+            "last_error": None if error is None else error[1],
+            "last_error_age_s": None if error is None else round(error[0], 3),
+            "breakers": {},
+            "rate_limited": {},
+        }
+    for key, breaker in breakers.items():
+        entry = out.get(key[0])
+        if entry is not None:
+            entry["breakers"][_label(key, key[0] in breakers.accounts)] = {
+                "state": breaker.state,
+                "probe_in_s": round(breaker.probe_in_s(), 3),
+                "times_opened": breaker.times_opened,
+                "consecutive_failures": breaker.consecutive,
+                "last_error": breaker.last_error,
+            }
+    for key, left in breakers.backoffs().items():
+        entry = out.get(key[0])
+        if entry is not None:
+            entry["rate_limited"][_label(key, key[0] in breakers.accounts)] = round(left, 3)
+    return out
+
+
+async def readiness(
+    redis: Redis,
+    router: Router,
+    breakers: Breakers,
+    local: Collection[str],
+    timeout_s: float = 2.0,
+) -> tuple[bool, dict[str, Any]]:
+    """(ready, the body of /readyz)."""
+    checks: dict[str, bool] = {"redis": await redis_ok(redis, timeout_s)}
+    engines = await engines_ok(router.providers, local)
+    for name, ok in engines.items():
+        checks[f"engine:{name}"] = ok
+    failing = failing_models(router, breakers, engines)
+    checks["models"] = not failing
+    ready = all(checks.values())
+    return ready, {
+        "status": "ready" if ready else "not_ready",
+        "checks": checks,
+        "failing_models": failing,
+        "providers": provider_health(breakers, router.providers),
+    }
+
+
+def export(metrics: Metrics, breakers: Breakers, providers: Collection[str], ready: bool) -> None:
+    """Set the breaker and provider-health gauges from `breakers` (at scrape time)."""
+    for gauge in (metrics.breaker_state, metrics.breaker_opened, metrics.provider_last_success_age):
+        gauge.clear()
+    open_count = dict.fromkeys(providers, 0)
+    limited = dict.fromkeys(providers, 0)
+    for key, breaker in breakers.items():
+        metrics.breaker_state.labels(*key).set(STATE_LEVELS[breaker.state])
+        metrics.breaker_opened.labels(*key).set(breaker.times_opened)
+        if breaker.state != "closed" and key[0] in open_count:
+            open_count[key[0]] += 1
+    for key in breakers.backoffs():
+        if key[0] in limited:
+            limited[key[0]] += 1
+    for name in providers:
+        metrics.provider_open_breakers.labels(name).set(open_count[name])
+        metrics.provider_rate_limited.labels(name).set(limited[name])
+        age = breakers.last_success_age_s(name)
+        if age is not None:
+            metrics.provider_last_success_age.labels(name).set(age)
+    metrics.ready.labels().set(1 if ready else 0)
