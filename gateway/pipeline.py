@@ -30,14 +30,14 @@ from gateway.output_limits import OutputLimits
 from gateway.routing import Route, Router
 from gateway.routing.breaker import Breakers
 from gateway.routing.decide import Decider, Decision
-from gateway.routing.explain import ROUTE, explain, note_placement
+from gateway.routing.explain import ROUTE, explain, note_placement, watch_placement
 from gateway.routing.plan import RoutePlanner
 from gateway.routing_settings import BreakerSettings, RoutingSettings
 from gateway.tokens import prompt_tokens
 from gateway.wire.base import Wire
 from providers import errors as perr
 from providers import jsoncodec
-from providers.types import ChatRequest, Event, ReasoningDelta, Sampling, Usage
+from providers.types import ChatRequest, Event, ReasoningDelta, RouteTrace, Sampling, Usage
 
 log = structlog.get_logger("gateway.pipeline")
 
@@ -185,9 +185,14 @@ class Pipeline:
                 continue
             request[ROUTE] = explain(decision, route, skipped)
             req = replace(
-                chat, model=route.model, thinking=decision.thinking_for(route), sampling=sampling
+                chat,
+                model=route.model,
+                thinking=decision.thinking_for(route),
+                sampling=sampling,
+                trace=RouteTrace(),
             )
             events = route.provider.chat(req)
+            watch_placement(request, req)
             try:
                 first = await anext(events)
             except StopAsyncIteration:
@@ -197,6 +202,7 @@ class Pipeline:
                 return empty()
             except perr.ProviderError as exc:
                 await events.aclose()
+                watch_placement(request, None)
                 exc.provider = exc.provider or name
                 self.metrics.errors.labels(label, name, exc.code).inc()
                 log.warning(
