@@ -152,9 +152,7 @@ def test_cluster_needs_its_secret_from_the_environment(
         load_settings(config)
 
 
-def test_a_cluster_refuses_an_embedded_redis(
-    config: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_cluster_refuses_an_embedded_redis(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A node that could not reach the shared Redis must not start a private one."""
     monkeypatch.setenv("GATEWAY_CLUSTER__ENABLED", "true")
     monkeypatch.setenv("GATEWAY_CLUSTER__SECRET", "s" * 24)
