@@ -24,6 +24,7 @@ from gateway.appkeys import (
     SIGNER,
     WORKER,
 )
+from gateway.cluster.membership import register_cluster_metrics
 from gateway.cluster.node import open_cluster
 from gateway.keepalive import KeepAlive
 from gateway.keys.access import RedisAccessControl
@@ -125,6 +126,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         if cluster is not None:
             app[CLUSTER] = cluster
             app[ENGINE_HOST] = cluster
+            register_cluster_metrics(app[METRICS].registry, cluster)
         providers = await stack.enter_async_context(
             open_providers(settings, app[METRICS], cluster, worker=worker, busy=busy)
         )

@@ -11,6 +11,7 @@ from gateway.access import Principal
 from gateway.appkeys import (
     ACCESS,
     BREAKERS,
+    CLUSTER,
     METRICS,
     PIPELINE,
     REDIS,
@@ -19,6 +20,7 @@ from gateway.appkeys import (
     SIGNER,
     WORKER,
 )
+from gateway.cluster.membership import cluster_detail
 from gateway.errors import AuthenticationError, InvalidRequest
 from gateway.middleware import REQUEST_ID
 from gateway.request_body import read_body
@@ -145,10 +147,15 @@ async def readyz(request: web.Request) -> web.Response:
     ready = all(checks.values())
     # Breakers are detail, not readiness: an open one is skipped while the others serve.
     breakers = request.app[BREAKERS].states()
-    return web.json_response(
-        {"status": "ready" if ready else "not_ready", "checks": checks, "breakers": breakers},
-        status=200 if ready else 503,
-    )
+    body: dict[str, Any] = {
+        "status": "ready" if ready else "not_ready",
+        "checks": checks,
+        "breakers": breakers,
+    }
+    cluster = request.app.get(CLUSTER)
+    if cluster is not None:  # the peers this node sees: detail, not readiness
+        body["cluster"] = cluster_detail(cluster)
+    return web.json_response(body, status=200 if ready else 503)
 
 
 _BREAKER_LEVELS = {"closed": 0, "half_open": 1, "open": 2}

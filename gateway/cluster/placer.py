@@ -162,6 +162,10 @@ class ClusterPlacer:
         self.pending.sweep(now)
         self._suspects = {n: t for n, t in self._suspects.items() if t > now}
 
+    def left_out(self, now: float) -> frozenset[str]:
+        """The peers not placed on now: a forward to them failed within their liveness TTL."""
+        return frozenset(n for n, until in self._suspects.items() if until > now)
+
     def _suspect(self, node: str) -> None:
         self._suspects[node] = time.monotonic() + self._settings.liveness_ttl_s
 

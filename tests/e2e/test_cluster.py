@@ -5,6 +5,8 @@ it; a killed node, a restarted Redis and a stale index entry cost at most a reco
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -136,6 +138,12 @@ async def pair(
 ) -> AsyncIterator[Cluster]:
     async with open_cluster(["a", "b"], tmp_path_factory.mktemp("pair"), tiny_checkpoint) as c:
         yield c
+
+
+async def readyz(cluster: Cluster, node: str) -> dict[str, Any]:
+    async with cluster.session.get(cluster.nodes[node].root + "/readyz") as resp:
+        body: dict[str, Any] = await resp.json()
+        return body
 
 
 def placement(headers: Any) -> tuple[str, str]:
@@ -285,11 +293,24 @@ async def test_a_stale_entry_costs_only_a_recompute(pair: Cluster, tiny_checkpoi
 async def test_a_killed_node_fails_only_its_requests_in_flight(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:
-    async with open_cluster(["a", "b", "c"], tmp_path, tiny_checkpoint) as cluster:
+    async with open_cluster(
+        ["a", "b", "c"], tmp_path, tiny_checkpoint, log_level="info"
+    ) as cluster:
         first = conversation("kill", 1)
         resp, _ = await cluster.ask("c", first)
         blocks = (resp.usage.prompt_tokens - 1) // BLOCK
         await cluster.holds("a", "c", blocks)
+        # what a sees of its peers is public: /readyz's detail and /metrics
+        peers = {p["node"]: p for p in (await readyz(cluster, "a"))["cluster"]["peers"]}
+        assert set(peers) == {"b", "c"}
+        assert all(p["live"] and p["compatible"] and not p["left_out"] for p in peers.values())
+        assert peers["c"]["cached_blocks"] >= blocks
+        assert peers["c"]["url"] == cluster.nodes["c"].root
+        async with cluster.session.get(cluster.nodes["a"].root + "/metrics") as got:
+            scraped = await got.text()
+        assert 'gateway_cluster_peer_live{peer="c"} 1.0' in scraped
+        assert 'gateway_cluster_peer_compatible{peer="b"} 1.0' in scraped
+        assert "gateway_cluster_peers 2.0" in scraped
         later = [
             *first,
             {"role": "assistant", "content": "Calm."},
@@ -312,6 +333,20 @@ async def test_a_killed_node_fails_only_its_requests_in_flight(
         resp, headers = await cluster.ask("b", later)
         assert resp.choices[0].finish_reason == "length"
         assert placement(headers)[0] != "c"
+        peers = {p["node"]: p for p in (await readyz(cluster, "b"))["cluster"]["peers"]}
+        assert peers["c"] == {"node": "c", "live": False} and peers["a"]["live"]
+        # b logged each transition of its peers once: a joined, c joined and left (a node
+        # stalled past its liveness TTL on a loaded machine would add a leave and a join)
+        lines = cluster.nodes["b"].log_path.read_text().splitlines()
+        seen: dict[str, list[str]] = {}
+        for line in map(json.loads, (x for x in lines if x.startswith("{"))):
+            if line.get("event", "").startswith("cluster_peer_"):
+                seen.setdefault(line["peer"], []).append(line["event"].removeprefix("cluster_"))
+        for peer, last in (("a", "peer_joined"), ("c", "peer_left")):
+            events = seen[peer]
+            assert events[0] == "peer_joined" and events[-1] == last, seen
+            assert all(x != y for x, y in itertools.pairwise(events)), seen
+        assert set(seen) == {"a", "c"}, seen
 
 
 async def ask_when_redis_answers(cluster: Cluster, node: str, messages: Any) -> Any:
