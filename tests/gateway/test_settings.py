@@ -150,6 +150,14 @@ def test_cluster_needs_its_secret_from_the_environment(
     monkeypatch.setenv("GATEWAY_CLUSTER__LIVENESS_TTL_S", "0.1")
     with pytest.raises(ValidationError, match="liveness_ttl_s"):
         load_settings(config)
+    monkeypatch.delenv("GATEWAY_CLUSTER__LIVENESS_TTL_S")
+    # a peer's keep-alive lines must come faster than the deadlines that watch for them
+    monkeypatch.setenv("GATEWAY_CLUSTER__FORWARD_IDLE_TIMEOUT_S", "1")
+    with pytest.raises(ValidationError, match="forward_keepalive_s must be below"):
+        load_settings(config)
+    monkeypatch.setenv("GATEWAY_CLUSTER__FORWARD_KEEPALIVE_S", "0.5")
+    cluster = load_settings(config).cluster
+    assert (cluster.forward_idle_timeout_s, cluster.forward_first_byte_timeout_s) == (1.0, 5.0)
 
 
 def test_a_cluster_refuses_an_embedded_redis(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
