@@ -324,10 +324,11 @@ async def main() -> None:
     args = parser.parse_args()
     mock = MockUpstream()
     await mock.start()
-    print(
-        f"{'scenario':<14} {'admitted':>8} {'lost':>6} {'slots':>6} {'tokens':>7} "
-        f"{'recover s':>9}   {'target':<24} result"
-    )
+    if not args.only or set(args.only) & set(SCENARIOS):
+        print(
+            f"{'scenario':<14} {'admitted':>8} {'lost':>6} {'slots':>6} {'tokens':>7} "
+            f"{'recover s':>9}   {'target':<24} result"
+        )
     try:
         for name, fault in SCENARIOS.items():
             if args.only and name not in args.only:
@@ -339,7 +340,7 @@ async def main() -> None:
         await mock.stop()
     if not args.only or "frozen-peer" in args.only:
         print(
-            f"\n{'scenario':<14} {'forwarded':>9} {'answered':>8} {'error':>6} {'hung':>5} "
+            f"{'scenario':<14} {'forwarded':>9} {'answered':>8} {'error':>6} {'hung':>5} "
             f"{'max s':>6}   target"
         )
         with tempfile.TemporaryDirectory() as workdir:
