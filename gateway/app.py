@@ -12,6 +12,7 @@ from gateway import handlers
 from gateway.access.contract import AccessControl
 from gateway.access.open import OpenAccess
 from gateway.admin.api import setup_admin
+from gateway.cluster.membership import register_cluster_metrics
 from gateway.cluster.node import open_cluster
 from gateway.config.settings import Settings
 from gateway.keys.redis_access import RedisAccessControl
@@ -125,6 +126,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         if cluster is not None:
             app[CLUSTER] = cluster
             app[ENGINE_HOST] = cluster
+            register_cluster_metrics(app[METRICS].registry, cluster)
         providers = await stack.enter_async_context(
             open_providers(settings, app[METRICS], cluster, worker=worker, busy=busy)
         )

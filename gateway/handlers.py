@@ -7,10 +7,12 @@ from typing import Any
 from aiohttp import web
 
 from gateway.access.contract import Principal
+from gateway.cluster.membership import cluster_detail
 from gateway.errors import AuthenticationError, InvalidRequest
 from gateway.resources import (
     ACCESS,
     BREAKERS,
+    CLUSTER,
     METRICS,
     PIPELINE,
     REDIS,
@@ -133,6 +135,9 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """Whether this process can serve (gateway/server/readiness.py): no upstream is called."""
     ready, body = await _readiness(request)
+    cluster = request.app.get(CLUSTER)
+    if cluster is not None:  # the peers this node sees: detail, not readiness
+        body["cluster"] = cluster_detail(cluster)
     return web.json_response(body, status=200 if ready else 503)
 
 

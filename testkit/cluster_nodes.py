@@ -57,10 +57,13 @@ def node_sections(
     auth: bool = True,
     engine: dict[str, Any] | None = None,
     cluster: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
+    log_level: str = "warning",
 ) -> dict[str, dict[str, Any]]:
     return {
+        "server": {**(server or {})},
         "redis": {"url": redis_url, "embedded": False, "key_prefix": prefix},
-        "logging": {"format": "json", "level": "warning"},
+        "logging": {"format": "json", "level": log_level},
         "auth": {"enabled": auth},
         "engine": {
             "model_path": str(model_path),
@@ -116,7 +119,16 @@ class NodeProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
 
+    def freeze(self) -> None:
+        """SIGSTOP: its sockets still accept connections, nothing answers."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
+        self.thaw()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

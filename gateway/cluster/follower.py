@@ -6,7 +6,9 @@ all its entries; one whose record names a newer epoch than its synced position i
 live node not yet synced is loaded from its snapshot, and its stream is then read from the
 position the snapshot names (one blocking XREAD over all streams). A gap, a malformed entry or
 a lost connection resyncs from the snapshot. When Redis cannot be read for longer than the
-liveness TTL, no peer counts as live (requests are served locally).
+liveness TTL, no peer counts as live (requests are served locally). Every peer's join, leave
+and incompatibility (another checkpoint or block size: its blocks are never compared with this
+node's) is logged once per transition, and `peers` shows them (gateway/cluster/membership.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from backend.engine.block_hash import HASH_SIZE
 from gateway.cluster.events import MalformedBatch, decode_batch
 from gateway.cluster.index import Applied, PrefixIndex
 from gateway.cluster.keys import ClusterKeys, NodeRecord
+from gateway.cluster.membership import PeerView
 from gateway.cluster.scoring import NodeLoad
 from gateway.config.cluster import ClusterSettings
 
@@ -39,8 +42,17 @@ class IndexFollower:
         cache_root: str,
         settings: ClusterSettings,
         index: PrefixIndex,
+        *,
+        node_id: str = "",
+        block_size: int = 0,
     ) -> None:
+        """`node_id`, `block_size`: this node's (its own record is no peer; a peer's block
+        size tells why it is incompatible)."""
         self._redis = redis
+        self._node_id = node_id
+        self._block_size = block_size
+        self._members: list[str] = []
+        self._foreign: dict[str, NodeRecord] = {}  # live nodes of another model cache
         self._keys = keys
         self._cache_root = cache_root
         self._settings = settings
@@ -87,6 +99,7 @@ class IndexFollower:
         members = sorted(m.decode() if isinstance(m, bytes) else m for m in raw_members)
         raws = await self._redis.mget([self._keys.live(m) for m in members]) if members else []
         records: dict[str, NodeRecord] = {}
+        foreign: dict[str, NodeRecord] = {}
         for node, raw in zip(members, raws, strict=True):
             if raw is None:
                 continue
@@ -97,10 +110,15 @@ class IndexFollower:
                 continue
             if record.cache_root == self._cache_root:
                 records[node] = record
+            else:
+                foreign[node] = record
+        self._log_transitions(records, foreign)
         for node in list(self._records):
             if node not in records:
                 self._forget(node)
         self._records = records
+        self._foreign = foreign
+        self._members = members
         self._valid_until = started + self._settings.liveness_ttl_s
         self._poll_due = started + self._settings.heartbeat_s
         for node, record in records.items():
@@ -155,11 +173,69 @@ class IndexFollower:
                 return
             self._positions[node] = sid
 
+    def peers(self, now: float) -> list[PeerView]:
+        """Every other member as last polled: none counts as live once Redis could not be read
+        for the liveness TTL."""
+        trusted = now < self._valid_until
+        views: list[PeerView] = []
+        for node in self._members:
+            if node == self._node_id:
+                continue
+            record = self._records.get(node) if trusted else None
+            foreign = self._foreign.get(node) if trusted else None
+            seen = record or foreign
+            if seen is None:
+                views.append(PeerView(node))
+                continue
+            views.append(
+                PeerView(
+                    node,
+                    url=seen.url,
+                    live=True,
+                    compatible=record is not None,
+                    incompatible=self._why_incompatible(seen) if foreign is not None else "",
+                    waiting=seen.waiting,
+                    running_tokens=seen.running_tokens,
+                    free_blocks=seen.free_blocks,
+                    total_blocks=seen.total_blocks,
+                    cached_blocks=self.index.num_blocks(node) if record is not None else 0,
+                )
+            )
+        return views
+
+    def _log_transitions(
+        self, records: dict[str, NodeRecord], foreign: dict[str, NodeRecord]
+    ) -> None:
+        """Log each peer that joined, left, or turned out to serve another model cache since
+        the last poll (this node's own record is no peer)."""
+        for node in sorted(records.keys() - self._records.keys() - {self._node_id}):
+            record = records[node]
+            log.info("cluster_peer_joined", peer=node, url=record.url, epoch=record.epoch)
+        gone = (self._records.keys() | self._foreign.keys()) - records.keys() - foreign.keys()
+        for node in sorted(gone - {self._node_id}):
+            log.info("cluster_peer_left", peer=node, reason="liveness expired or left")
+        for node in sorted(foreign.keys() - self._foreign.keys() - {self._node_id}):
+            record = foreign[node]
+            log.warning(
+                "cluster_peer_incompatible",
+                peer=node,
+                url=record.url,
+                reason=self._why_incompatible(record),
+            )
+
+    def _why_incompatible(self, record: NodeRecord) -> str:
+        if record.block_size and self._block_size and record.block_size != self._block_size:
+            return f"block size {record.block_size} there, {self._block_size} here"
+        return "another checkpoint (its cache root differs)"
+
     def _forget(self, node: str) -> None:
         self.index.drop(node)
         self._positions.pop(node, None)
         self._records.pop(node, None)
 
     def _forget_all(self) -> None:
+        for node in sorted((self._records.keys() | self._foreign.keys()) - {self._node_id}):
+            log.info("cluster_peer_left", peer=node, reason="Redis unreadable")
         for node in list(self._records):
             self._forget(node)
+        self._foreign = {}

@@ -10,9 +10,11 @@ as JSON lines (providers/local/remote_engine.py); a client that goes away aborts
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import math
 import time
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
@@ -20,6 +22,7 @@ from backend.engine.interface import (
     EngineClosed,
     EngineError,
     EngineOverloaded,
+    RequestOutput,
 )
 from backend.engine.sampling_params import SamplingParams
 from gateway.cluster.node import ClusterNode
@@ -90,36 +93,66 @@ async def status(request: web.Request) -> web.Response:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
+    """Run one prompt on this node's engine. A request refused before it was queued gets its
+    error status; a queued one gets 200 within `cluster.forward_keepalive_s`, then its outputs,
+    with an empty line whenever nothing was written for that long (the client's deadlines tell
+    a silent peer from a slow prefill)."""
     engine = engine_host(request).engine
     if engine is None:
         raise ServiceUnavailable("This node serves no local engine.", code="no_engine")
+    settings = request.app[SETTINGS]
     request_id, prompt_ids, params = _parse(
-        await read_body(request, request.app[SETTINGS].server.request_body_timeout_s)
+        await read_body(request, settings.server.request_body_timeout_s)
     )
+    keepalive_s = settings.cluster.forward_keepalive_s
     outputs = engine.generate(request_id, prompt_ids, params)
+    # The engine refuses a request (bad prompt, full queue, closed) on its first step, before
+    # any await; a next output still pending after `keepalive_s` belongs to a queued request.
+    pending = asyncio.ensure_future(_next(outputs))
     try:
-        try:
-            first = await anext(outputs)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), param="prompt_ids") from None
-        except EngineOverloaded as exc:
-            retry = str(max(1, math.ceil(exc.retry_after_s)))
-            raise ServiceUnavailable(
-                str(exc), code="overloaded", headers={"Retry-After": retry}
-            ) from None
-        except (EngineClosed, EngineError) as exc:
-            raise ServiceUnavailable(str(exc), code="engine_unavailable") from None
+        await asyncio.wait((pending,), timeout=keepalive_s)
+        if pending.done():
+            try:
+                pending.result()
+            except ValueError as exc:
+                raise InvalidRequest(str(exc), param="prompt_ids") from None
+            except EngineOverloaded as exc:
+                retry = str(max(1, math.ceil(exc.retry_after_s)))
+                raise ServiceUnavailable(
+                    str(exc), code="overloaded", headers={"Retry-After": retry}
+                ) from None
+            except (EngineClosed, EngineError) as exc:
+                raise ServiceUnavailable(str(exc), code="engine_unavailable") from None
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
-        await resp.write(output_to_json(first))
-        try:
-            async for output in outputs:
-                await resp.write(output_to_json(output))
-        except EngineError as exc:
-            await resp.write(jsoncodec.dumps({"error": str(exc)}) + b"\n")
+        while True:
+            if not pending.done():
+                await asyncio.wait((pending,), timeout=keepalive_s)
+                if not pending.done():
+                    await resp.write(b"\n")  # still working: the client keeps waiting
+                    continue
+            try:
+                output = pending.result()
+            except (EngineClosed, EngineError) as exc:
+                await resp.write(jsoncodec.dumps({"error": str(exc)}) + b"\n")
+                break
+            if output is None:
+                break
+            await resp.write(output_to_json(output))
+            pending = asyncio.ensure_future(_next(outputs))
         return resp
     finally:
+        if not pending.done():
+            pending.cancel()  # the generator aborts the engine request
+            await asyncio.wait((pending,))
+        if not pending.cancelled():
+            pending.exception()  # retrieved: raised above, or nothing more to say
         await outputs.aclose()
+
+
+async def _next(outputs: AsyncIterator[RequestOutput]) -> RequestOutput | None:
+    """The next output; None at the end."""
+    return await anext(outputs, None)
 
 
 def _parse(raw: bytes) -> tuple[str, list[int], SamplingParams]:

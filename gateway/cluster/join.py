@@ -47,11 +47,26 @@ async def join_cluster(
         load = local_load()
         total = engine.stats().num_total_blocks
         return NodeRecord(
-            node.url, root.hex(), epoch, load.waiting, load.running_tokens, load.free_blocks, total
+            node.url,
+            root.hex(),
+            epoch,
+            load.waiting,
+            load.running_tokens,
+            load.free_blocks,
+            total,
+            block_size,
         )
 
     publisher = BlockPublisher(redis, keys, node.node_id, node.buffer, record, settings)
-    follower = IndexFollower(redis, keys, root.hex(), settings, PrefixIndex())
+    follower = IndexFollower(
+        redis,
+        keys,
+        root.hex(),
+        settings,
+        PrefixIndex(),
+        node_id=node.node_id,
+        block_size=block_size,
+    )
     placer = ClusterPlacer(
         node.node_id,
         block_size,

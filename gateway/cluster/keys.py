@@ -34,7 +34,8 @@ class ClusterKeys:
 class NodeRecord:
     """What a node publishes under its liveness key: where to reach it, which model cache it
     holds (`cache_root`: hex of its hash chain root, so only nodes of one checkpoint and block
-    size are compared), and its load."""
+    size are compared; `block_size`, so a node can say which of the two differs), and its
+    load."""
 
     url: str
     cache_root: str
@@ -43,6 +44,7 @@ class NodeRecord:
     running_tokens: int
     free_blocks: int
     total_blocks: int
+    block_size: int = 0  # 0: not published
 
     def dumps(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -58,4 +60,5 @@ class NodeRecord:
             running_tokens=int(data["running_tokens"]),
             free_blocks=int(data["free_blocks"]),
             total_blocks=int(data["total_blocks"]),
+            block_size=int(data.get("block_size", 0)),
         )

@@ -6,9 +6,11 @@ prefix from its own engine's block manager (exact, and fresher than its events c
 through Redis), a peer's from the in-memory index, and every node's pending marks; the chosen
 node's blocks are marked pending. `fit` scores the same way without marking, for the router's
 local-or-upstream choice, so the router and the placer see the same engine and prefix.
-A forward goes to the peer's internal engine endpoint; if that peer cannot be reached before
+A forward goes to the peer's internal engine endpoint; if that peer cannot be reached, or sends
+nothing within `forward_first_byte_timeout_s` (or `forward_idle_timeout_s` between lines) before
 anything was generated, the request is served here instead and the peer is left out until its
-liveness would have expired.
+liveness would have expired. A peer silent for `forward_idle_timeout_s` after it generated
+something ends the request with an engine error (the client's answer ends with an error).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Collection, Sequence
 
 import aiohttp
+import structlog
 
 from backend.engine.interface import EngineOverloaded, RequestOutput
 from backend.engine.request import FinishReason
@@ -25,8 +28,15 @@ from gateway.cluster.follower import IndexFollower
 from gateway.cluster.scoring import NodeLoad, PendingMarks, Placement, Weights, place
 from gateway.config.cluster import ClusterSettings
 from providers.local.engine_client import EngineClient, EngineFit
-from providers.local.remote_engine import PeerUnreachable, RemoteEngine, split_base
+from providers.local.remote_engine import (
+    ForwardDeadlines,
+    PeerUnreachable,
+    RemoteEngine,
+    split_base,
+)
 from providers.types import RouteTrace
+
+log = structlog.get_logger("gateway.cluster.placer")
 
 
 class ClusterPlacer:
@@ -58,6 +68,9 @@ class ClusterPlacer:
             waiting_cost_tokens=settings.waiting_cost_tokens,
             running_token_weight=settings.running_token_weight,
             forward_cost_tokens=settings.forward_cost_tokens,
+        )
+        self._deadlines = ForwardDeadlines(
+            settings.forward_first_byte_timeout_s, settings.forward_idle_timeout_s
         )
         self.pending = PendingMarks(settings.pending_s)
         self._suspects: dict[str, float] = {}  # peer -> left out until
@@ -123,13 +136,14 @@ class ClusterPlacer:
             trace.placement = f"node={self._node}; via=fallback; tried={placement.node_id}"
             return self._local
 
-        def unreachable() -> None:
+        def unreachable(why: Exception) -> None:
             self._suspect(placement.node_id)
             trace.placement = f"node={self._node}; via=fallback; tried={placement.node_id}"
+            log.warning("cluster_forward_fell_back", peer=placement.node_id, error=str(why))
 
-        return _Forwarded(
-            RemoteEngine(*self._session_for(record.url), self._secret), self._local, unreachable
-        )
+        session, root = self._session_for(record.url)
+        remote = RemoteEngine(session, root, self._secret, self._deadlines)
+        return _Forwarded(remote, self._local, unreachable)
 
     async def aclose(self) -> None:
         for session in self._unix_sessions.values():
@@ -153,6 +167,10 @@ class ClusterPlacer:
         self.pending.sweep(now)
         self._suspects = {n: t for n, t in self._suspects.items() if t > now}
 
+    def left_out(self, now: float) -> frozenset[str]:
+        """The peers not placed on now: a forward to them failed within their liveness TTL."""
+        return frozenset(n for n, until in self._suspects.items() if until > now)
+
     def _suspect(self, node: str) -> None:
         self._suspects[node] = time.monotonic() + self._settings.liveness_ttl_s
 
@@ -162,7 +180,10 @@ class _Forwarded:
     queue is full (nothing was generated there)."""
 
     def __init__(
-        self, remote: RemoteEngine, local: EngineClient, on_unreachable: Callable[[], None]
+        self,
+        remote: RemoteEngine,
+        local: EngineClient,
+        on_unreachable: Callable[[Exception], None],
     ) -> None:
         self._remote = remote
         self._local = local
@@ -176,8 +197,8 @@ class _Forwarded:
         try:
             try:
                 first = await anext(outputs)
-            except (PeerUnreachable, EngineOverloaded):
-                self._on_unreachable()
+            except (PeerUnreachable, EngineOverloaded) as exc:
+                self._on_unreachable(exc)
                 self._served_by = self._local
                 fallback = self._local.generate(request_id, prompt_ids, params)
                 try:

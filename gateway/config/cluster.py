@@ -99,6 +99,27 @@ class ClusterSettings(BaseModel):
         description="Seconds to connect to a peer; one that cannot be reached is skipped and "
         "the request served here.",
     )
+    forward_first_byte_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="A peer that sent nothing this long after a forward was sent (a frozen "
+        "or partitioned peer, even on a kept-alive connection) is abandoned: the request is "
+        "served here, and the peer is left out for liveness_ttl_s.",
+    )
+    forward_idle_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A forwarded answer from which nothing came for this long (not even a "
+        "keep-alive line) is abandoned: served here if nothing was generated yet, else the "
+        "client's answer ends with an error in its protocol's format.",
+    )
+    forward_keepalive_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="The internal engine endpoint answers within this, then writes a "
+        "keep-alive line whenever it wrote nothing for this long (a long prefill or a queue "
+        "wait is not a silent peer). Below both forward deadlines.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ClusterSettings:
@@ -106,4 +127,10 @@ class ClusterSettings(BaseModel):
             raise ValueError("cluster.enabled needs GATEWAY_CLUSTER__SECRET (16+ characters)")
         if self.liveness_ttl_s <= self.heartbeat_s:
             raise ValueError("cluster.liveness_ttl_s must exceed cluster.heartbeat_s")
+        deadline = min(self.forward_first_byte_timeout_s, self.forward_idle_timeout_s)
+        if self.forward_keepalive_s >= deadline:
+            raise ValueError(
+                "cluster.forward_keepalive_s must be below cluster.forward_first_byte_timeout_s "
+                "and cluster.forward_idle_timeout_s (a healthy peer would look silent)"
+            )
         return self

@@ -553,6 +553,18 @@ class Settings(BaseSettings):
             self.engine_socket()  # a path too long says so now, not at start
         return self
 
+    @model_validator(mode="after")
+    def _cluster_shares_redis(self) -> Settings:
+        """A node that started a private Redis would be a cluster of one that reports ready:
+        keys, budgets and the prefix index live in the one Redis every node shares."""
+        if self.cluster.enabled and self.redis.embedded:
+            raise ValueError(
+                "cluster.enabled needs the Redis every node shares: set redis.embedded = false "
+                "(GATEWAY_REDIS__EMBEDDED=false) and redis.url to that server; an embedded "
+                "Redis would make each node that cannot reach it a cluster of its own"
+            )
+        return self
+
     def local_providers(self) -> list[str]:
         """The enabled providers of kind "local" (each is an engine)."""
         return [n for n, p in self.providers.items() if p.kind == "local" and p.enabled]

@@ -39,14 +39,14 @@ from gateway.routing.breaker import (
     describe_error,
 )
 from gateway.routing.decide import Decider, Decision
-from gateway.routing.explain import ROUTE, explain, note_placement
+from gateway.routing.explain import ROUTE, explain, note_placement, watch_placement
 from gateway.routing.plan import RoutePlanner
 from gateway.server.middleware import REQUEST_ID
 from gateway.server.sse_stream import EventStreamResponse, KeepAlive, KeptAliveStream
 from gateway.wire.base import Wire
 from plumbing import jsoncodec
 from providers import errors as perr
-from providers.types import ChatRequest, Event, ReasoningDelta, Sampling, Usage
+from providers.types import ChatRequest, Event, ReasoningDelta, RouteTrace, Sampling, Usage
 from providers.upstream.affinity import conversation_key, rank
 
 log = structlog.get_logger("gateway.pipeline.pipeline")
@@ -281,13 +281,17 @@ class Pipeline:
         its events once the first arrived, or the failure to fall back from (a failure the
         next route cannot help with is raised)."""
         name = route.provider_name
-        if key[2]:
-            chat.trace.account = self.breakers.accounts[name].index(key[2])
+        account = self.breakers.accounts[name].index(key[2]) if key[2] else None
         req = replace(
-            chat, model=route.model, thinking=decision.thinking_for(route), sampling=sampling
+            chat,
+            model=route.model,
+            thinking=decision.thinking_for(route),
+            sampling=sampling,
+            trace=RouteTrace(account=account),  # each attempt reports its own placement
         )
         breakers = self.breakers
         events = route.provider.chat(req)
+        watch_placement(request, req)
         try:
             first = await anext(events)
         except StopAsyncIteration:
@@ -297,6 +301,7 @@ class Pipeline:
             return empty()
         except perr.ProviderError as exc:
             await events.aclose()
+            watch_placement(request, None)
             exc.provider = exc.provider or name
             self.metrics.errors.labels(label, name, exc.code).inc()
             log.warning(

@@ -15,7 +15,9 @@ how many of the prompt's leading tokens the local engine held in its prefix cach
 local engine kept the request beyond its queue allowance or passed it over.
 The last fields come from the provider that served the request (`ChatRequest.trace`): the local
 engine says which cluster node ran the prompt and how much of it was cached there; an upstream
-with several accounts says which one the conversation keeps to.
+with several accounts says which one the conversation keeps to. A provider reports them as soon as
+it decides (before it sends the request on), so stream headers that go out before the first
+token carry them too; the access log records the final value (a forward that fell back).
 `thinking=off` also stands for "the provider's default" (DeepSeek-V3.1's is off).
 """
 
@@ -25,10 +27,12 @@ from aiohttp import web
 
 from gateway.routing.aliases import Route
 from gateway.routing.decide import Decision
-from providers.types import ChatRequest
+from providers.types import ChatRequest, RouteTrace
 
 HEADER = "x-gateway-route"
 ROUTE = web.RequestKey("gateway_route", str)
+# The trace of the route being opened, until its placement is appended to ROUTE.
+TRACE = web.RequestKey("gateway_route_trace", RouteTrace)
 
 
 def on_off(thinking: bool | None) -> str:
@@ -56,8 +60,18 @@ def explain(decision: Decision, route: Route, skipped: list[str]) -> str:
     return "; ".join(fields)
 
 
+def watch_placement(request: web.Request, trying: ChatRequest | None) -> None:
+    """The route being opened with `trying` (None: none is): headers sent before its first
+    event carry what its provider reported by then."""
+    if trying is None:
+        request.pop(TRACE, None)
+    else:
+        request[TRACE] = trying.trace
+
+
 def note_placement(request: web.Request, served: ChatRequest) -> None:
     """Append what the serving provider reported (where it ran the request) to the route."""
+    request.pop(TRACE, None)
     placement = served.trace.placement
     route = request.get(ROUTE)
     if placement and route:
@@ -65,7 +79,11 @@ def note_placement(request: web.Request, served: ChatRequest) -> None:
 
 
 async def add_route_header(request: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: the request's route (when it got one) on its answer, errors too."""
+    """on_response_prepare: the request's route (when it got one) on its answer, errors too;
+    with the placement of the route still opening, when its provider reported one."""
     value = request.get(ROUTE)
+    trace = request.get(TRACE)
+    if value and trace is not None and trace.placement:
+        value = f"{value}; {trace.placement}"
     if value:
         response.headers[HEADER] = value

@@ -8,11 +8,19 @@ notices a child that exited, and says why it failed (the tail of the server's lo
 configured server that takes its connection but is slow to answer the first PING (busy, paused)
 is waited for the same way, never taken for a down one: an embedded server started beside a live
 one would split the keys between them.
+
+One data directory has at most one embedded server: whoever starts it holds an exclusive lock
+on `redis.lock` there for the server's lifetime. A process that finds the server of another one
+running (a `keys` command beside the running gateway) uses it through its socket instead of
+starting a second one; one that finds the lock held but nothing answering yet waits for it up
+to `redis.start_timeout_s`, then fails saying who holds the directory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -96,24 +104,91 @@ def _tail(log_file: Path | None, lines: int = 5) -> str:
     return "; its log ends: " + " | ".join(line.strip() for line in last) if last else ""
 
 
-def _prepare(data_dir: Path) -> Path:
+def _data_dir(data_dir: Path) -> Path:
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "redis.sock").unlink(missing_ok=True)
     return data_dir
+
+
+def _lock(data_dir: Path) -> int | None:
+    """An open descriptor holding the directory's exclusive lock, or None when another
+    process holds it (the lock goes with the descriptor, or with its process)."""
+    fd = os.open(data_dir / "redis.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _holder(data_dir: Path) -> str:
+    try:
+        pid = (data_dir / "redis.lock").read_text().strip()
+    except OSError:
+        return "another process"
+    return f"process {pid}" if pid else "another process"
+
+
+async def _listening(settings: RedisSettings, sock: Path) -> bool:
+    """Whether a server listens on `sock` (answering, loading its data, or busy)."""
+    client = _client(settings, sock)
+    try:
+        return await _probe(client, settings.timeout_s) is not False
+    except BusyLoadingError:
+        return True
+    finally:
+        await client.aclose()
 
 
 @asynccontextmanager
 async def embedded_redis(settings: RedisSettings) -> AsyncIterator[Path]:
-    """Run a private redis-server and wait until it is ready; yields its unix socket path."""
+    """The embedded redis-server of `redis.data_dir`, ready; yields its unix socket path. One
+    already running there (another process's) is used as it is; else this process starts one
+    and holds the directory's lock until it stopped it."""
+    data_dir = await asyncio.to_thread(_data_dir, settings.data_dir)
+    sock = data_dir / "redis.sock"
+    lock = None
+    if not await _listening(settings, sock):
+        lock = await asyncio.to_thread(_lock, data_dir)
+    if lock is None:  # another process's server, running or starting: wait for it, use it
+        holder = _holder(data_dir)
+        client = _client(settings, sock)
+        try:
+            await wait_ready(
+                client, deadline_s=settings.start_timeout_s, timeout_s=settings.timeout_s
+            )
+        except RedisNotReady as exc:
+            raise RedisNotReady(
+                f"the embedded Redis of {data_dir} belongs to {holder} (it holds "
+                f"{data_dir / 'redis.lock'}), and its server did not answer: {exc}"
+            ) from None
+        finally:
+            await client.aclose()
+        log.info("embedded_redis_in_use", data_dir=str(data_dir), holder=holder)
+        yield sock
+        return
+    try:
+        async with _own_server(settings, data_dir) as own:
+            yield own
+    finally:
+        os.close(lock)
+
+
+@asynccontextmanager
+async def _own_server(settings: RedisSettings, data_dir: Path) -> AsyncIterator[Path]:
+    """Start redis-server on `data_dir` (whose lock this process holds) and stop it on exit."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RedisNotReady(
             "Redis is unreachable and redis-server is not installed; "
             "run scripts/setup.sh or set redis.url"
         )
-    data_dir = await asyncio.to_thread(_prepare, settings.data_dir)
     sock, log_file = data_dir / "redis.sock", data_dir / "redis.log"
+    # a server that died left it behind: no one answers there
+    await asyncio.to_thread(sock.unlink, missing_ok=True)
     proc = await asyncio.create_subprocess_exec(
         binary,
         "--port",

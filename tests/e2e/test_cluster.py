@@ -5,6 +5,8 @@ it; a killed node, a restarted Redis and a stale index entry cost at most a reco
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -136,6 +138,12 @@ async def pair(
 ) -> AsyncIterator[Cluster]:
     async with open_cluster(["a", "b"], tmp_path_factory.mktemp("pair"), tiny_checkpoint) as c:
         yield c
+
+
+async def readyz(cluster: Cluster, node: str) -> dict[str, Any]:
+    async with cluster.session.get(cluster.nodes[node].root + "/readyz") as resp:
+        body: dict[str, Any] = await resp.json()
+        return body
 
 
 def placement(headers: Any) -> tuple[str, str]:
@@ -285,11 +293,24 @@ async def test_a_stale_entry_costs_only_a_recompute(pair: Cluster, tiny_checkpoi
 async def test_a_killed_node_fails_only_its_requests_in_flight(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:
-    async with open_cluster(["a", "b", "c"], tmp_path, tiny_checkpoint) as cluster:
+    async with open_cluster(
+        ["a", "b", "c"], tmp_path, tiny_checkpoint, log_level="info"
+    ) as cluster:
         first = conversation("kill", 1)
         resp, _ = await cluster.ask("c", first)
         blocks = (resp.usage.prompt_tokens - 1) // BLOCK
         await cluster.holds("a", "c", blocks)
+        # what a sees of its peers is public: /readyz's detail and /metrics
+        peers = {p["node"]: p for p in (await readyz(cluster, "a"))["cluster"]["peers"]}
+        assert set(peers) == {"b", "c"}
+        assert all(p["live"] and p["compatible"] and not p["left_out"] for p in peers.values())
+        assert peers["c"]["cached_blocks"] >= blocks
+        assert peers["c"]["url"] == cluster.nodes["c"].root
+        async with cluster.session.get(cluster.nodes["a"].root + "/metrics") as got:
+            scraped = await got.text()
+        assert 'gateway_cluster_peer_live{peer="c"} 1.0' in scraped
+        assert 'gateway_cluster_peer_compatible{peer="b"} 1.0' in scraped
+        assert "gateway_cluster_peers 2.0" in scraped
         later = [
             *first,
             {"role": "assistant", "content": "Calm."},
@@ -312,6 +333,20 @@ async def test_a_killed_node_fails_only_its_requests_in_flight(
         resp, headers = await cluster.ask("b", later)
         assert resp.choices[0].finish_reason == "length"
         assert placement(headers)[0] != "c"
+        peers = {p["node"]: p for p in (await readyz(cluster, "b"))["cluster"]["peers"]}
+        assert peers["c"] == {"node": "c", "live": False} and peers["a"]["live"]
+        # b logged each transition of its peers once: a joined, c joined and left (a node
+        # stalled past its liveness TTL on a loaded machine would add a leave and a join)
+        lines = cluster.nodes["b"].log_path.read_text().splitlines()
+        seen: dict[str, list[str]] = {}
+        for line in map(json.loads, (x for x in lines if x.startswith("{"))):
+            if line.get("event", "").startswith("cluster_peer_"):
+                seen.setdefault(line["peer"], []).append(line["event"].removeprefix("cluster_"))
+        for peer, last in (("a", "peer_joined"), ("c", "peer_left")):
+            events = seen[peer]
+            assert events[0] == "peer_joined" and events[-1] == last, seen
+            assert all(x != y for x, y in itertools.pairwise(events)), seen
+        assert set(seen) == {"a", "c"}, seen
 
 
 async def ask_when_redis_answers(cluster: Cluster, node: str, messages: Any) -> Any:
@@ -355,3 +390,93 @@ async def test_redis_restarted_indexes_are_rebuilt(tiny_checkpoint: Path, tmp_pa
             assert again.choices[0].message.content == resp.choices[0].message.content
     finally:
         server.stop()
+
+
+FROZEN = {
+    # b's liveness key outlives the test's phases: a keeps placing prompts on the frozen b, so
+    # only the forwarding deadlines stand between a request and a hang.
+    "liveness_ttl_s": 120.0,
+    "forward_first_byte_timeout_s": 4.0,
+    "forward_idle_timeout_s": 4.0,
+    "forward_keepalive_s": 0.5,
+}
+HANG_S = 60.0  # far past every deadline above: a request still open then hangs
+
+
+def route_fields(headers: Any) -> dict[str, str]:
+    return dict(f.split("=", 1) for f in headers["x-gateway-route"].split("; "))
+
+
+async def test_a_frozen_peer_costs_a_deadline_not_a_hang(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """b holds the conversation and is stopped (SIGSTOP: its port accepts, nothing answers):
+    an answer b was streaming ends with an error event, and turns placed on b are served by a,
+    over kept-alive connections to b and new ones alike."""
+    async with open_cluster(
+        ["a", "b"],
+        tmp_path,
+        tiny_checkpoint,
+        cluster=FROZEN,
+        server={"stream_headers_after_s": 0.2},
+    ) as cluster:
+        first = conversation("frozen", 1)
+        resp, _ = await cluster.ask("b", first)
+        await cluster.holds("a", "b", (resp.usage.prompt_tokens - 1) // BLOCK)
+        # two forwards at once: two connections from a to b, kept alive for the next ones
+        second = next_turn(first, "Fog.", "And?")
+        answers = await asyncio.gather(cluster.ask("a", second), cluster.ask("a", second))
+        assert ("b", "forward") in [placement(headers) for _, headers in answers]
+        blocks = (answers[0][0].usage.prompt_tokens - 1) // BLOCK
+        await wait_for(
+            cluster.session,
+            cluster.nodes["a"],
+            lambda s: (
+                (b := s["nodes"].get("b", {})).get("blocks", 0) >= blocks
+                and b.get("waiting") == 0
+                and b.get("running_tokens") == 0
+            ),
+            what="saw b idle, holding the second turn",
+        )
+        third = next_turn(second, "Rain.", "Then?")
+        # b stops in the middle of an answer: the stream ends with an error event
+        async with asyncio.timeout(HANG_S):
+            raw = await cluster.client("a").chat.completions.with_raw_response.create(
+                model="deepseek-chat", messages=third, temperature=0, max_tokens=2000, stream=True
+            )
+            assert placement(raw.headers) == ("b", "forward")
+            with pytest.raises(openai.APIError, match="failed while answering"):
+                async for chunk in raw.parse():
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        cluster.nodes["b"].freeze()
+        # b stays frozen and live: a JSON turn and a streamed one placed on it are served by a
+        fourth = next_turn(third, "Snow.", "Now?")
+
+        async def streamed() -> tuple[Any, str]:
+            raw = await cluster.client("a").chat.completions.with_raw_response.create(
+                model="deepseek-chat",
+                messages=fourth,
+                temperature=0,
+                max_tokens=4,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            text, usage = "", None
+            async for chunk in raw.parse():
+                if chunk.choices:
+                    text += chunk.choices[0].delta.content or ""
+                usage = chunk.usage or usage
+            return raw.headers, (text, usage)
+
+        async with asyncio.timeout(HANG_S):
+            (resp, headers), (early, (text, usage)) = await asyncio.gather(
+                cluster.ask("a", fourth), streamed()
+            )
+        assert resp.choices[0].finish_reason == "length"
+        assert route_fields(headers)["via"] == "fallback"
+        assert route_fields(headers)["tried"] == "b"
+        # the stream's headers went out before its first token, while b was still tried
+        assert placement(early) == ("b", "forward"), early["x-gateway-route"]
+        assert "prefix" in route_fields(early)
+        assert text == resp.choices[0].message.content
+        assert usage is not None and usage.completion_tokens == 4

@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from structlog.testing import capture_logs
 
+from backend.engine.block_hash import root_hash
 from backend.engine.blocks import BlockEvicted, BlockStored
 from gateway.cluster.follower import IndexFollower
+from gateway.cluster.index import PrefixIndex
 from gateway.cluster.keys import ClusterKeys, NodeRecord
 from gateway.cluster.publisher import BlockEventBuffer, BlockPublisher
 from gateway.config.cluster import ClusterSettings
@@ -175,3 +178,51 @@ async def test_lost_redis_data_is_republished_and_resynced(tmp_path: Path) -> No
     finally:
         await redis.aclose()
         server.stop()
+
+
+async def test_peers_joins_leaves_and_incompatible_nodes_are_seen_and_logged_once(
+    shared: tuple[Redis, str],
+) -> None:
+    """The follower of node "me" shows every other member (live, compatible, load, cached
+    blocks) and logs each transition once: joins, leaves, and nodes of another block size or
+    checkpoint, whose blocks it never compares with its own."""
+    redis, prefix = shared
+    keys = ClusterKeys(prefix)
+    me, a = Node(redis, prefix, "me", SETTINGS), Node(redis, prefix, "a", SETTINGS)
+    await me.publisher.start()
+    await a.publisher.start()
+    await a.publish(*blocks(3))
+    other_size = NodeRecord("http://wide", root_hash(b"seed", 8).hex(), 1, 2, 30, 40, 50, 8)
+    other_model = NodeRecord("http://other", root_hash(b"other", 4).hex(), 1, 0, 0, 9, 9, 4)
+    await redis.set(keys.live("wide"), other_size.dumps(), px=60_000)
+    await redis.set(keys.live("other"), other_model.dumps(), px=60_000)
+    await redis.sadd(keys.members, "wide", "other")
+    f = IndexFollower(redis, keys, ROOT.hex(), SETTINGS, PrefixIndex(), node_id="me", block_size=4)
+    with capture_logs() as logs:
+        await sync(f)
+        await sync(f)  # nothing changed: nothing logged again
+    views = {v.node: v for v in f.peers(time.monotonic())}
+    assert set(views) == {"a", "wide", "other"}  # this node is no peer of its own
+    assert views["a"].live and views["a"].compatible and views["a"].cached_blocks == 3
+    assert views["a"].free_blocks == 100 and views["a"].url == "http://a"
+    assert views["wide"].live and not views["wide"].compatible
+    assert views["wide"].incompatible == "block size 8 there, 4 here"
+    assert (views["wide"].waiting, views["wide"].running_tokens) == (2, 30)
+    assert "checkpoint" in views["other"].incompatible
+    events = [(e["event"], e.get("peer")) for e in logs]
+    assert sorted(events) == [
+        ("cluster_peer_incompatible", "other"),
+        ("cluster_peer_incompatible", "wide"),
+        ("cluster_peer_joined", "a"),
+    ]
+    with capture_logs() as logs:
+        await a.publisher.close()  # a clean leave
+        await redis.delete(keys.live("wide"))  # a liveness key that expired
+        await f.poll()
+    assert [(e["event"], e["peer"]) for e in logs] == [
+        ("cluster_peer_left", "a"),
+        ("cluster_peer_left", "wide"),
+    ]
+    views = {v.node: v for v in f.peers(time.monotonic())}
+    assert set(views) == {"wide", "other"}
+    assert not views["wide"].live and views["wide"].as_json() == {"node": "wide", "live": False}

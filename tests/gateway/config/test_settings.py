@@ -136,6 +136,7 @@ def test_cluster_needs_its_secret_from_the_environment(
     config: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GATEWAY_CLUSTER__ENABLED", "true")
+    monkeypatch.setenv("GATEWAY_REDIS__EMBEDDED", "false")
     with pytest.raises(ValidationError, match="GATEWAY_CLUSTER__SECRET"):
         load_settings(config)
     monkeypatch.setenv("GATEWAY_CLUSTER__SECRET", "short")
@@ -149,6 +150,27 @@ def test_cluster_needs_its_secret_from_the_environment(
     monkeypatch.setenv("GATEWAY_CLUSTER__LIVENESS_TTL_S", "0.1")
     with pytest.raises(ValidationError, match="liveness_ttl_s"):
         load_settings(config)
+    monkeypatch.delenv("GATEWAY_CLUSTER__LIVENESS_TTL_S")
+    # a peer's keep-alive lines must come faster than the deadlines that watch for them
+    monkeypatch.setenv("GATEWAY_CLUSTER__FORWARD_IDLE_TIMEOUT_S", "1")
+    with pytest.raises(ValidationError, match="forward_keepalive_s must be below"):
+        load_settings(config)
+    monkeypatch.setenv("GATEWAY_CLUSTER__FORWARD_KEEPALIVE_S", "0.5")
+    cluster = load_settings(config).cluster
+    assert (cluster.forward_idle_timeout_s, cluster.forward_first_byte_timeout_s) == (1.0, 5.0)
+
+
+def test_a_cluster_refuses_an_embedded_redis(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that could not reach the shared Redis must not start a private one."""
+    monkeypatch.setenv("GATEWAY_CLUSTER__ENABLED", "true")
+    monkeypatch.setenv("GATEWAY_CLUSTER__SECRET", "s" * 24)
+    with pytest.raises(ValidationError, match="redis.embedded = false"):
+        load_settings(config)  # embedded is on by default
+    monkeypatch.setenv("GATEWAY_REDIS__EMBEDDED", "true")
+    with pytest.raises(ValidationError, match="cluster.enabled needs the Redis every node"):
+        load_settings(config)
+    monkeypatch.setenv("GATEWAY_REDIS__EMBEDDED", "false")
+    assert load_settings(config).cluster.enabled
 
 
 def test_further_upstream_accounts_come_from_the_environment(

@@ -146,3 +146,33 @@ async def test_a_client_leaving_while_kept_alive_closes_the_upstream_request(
     left = await mock_upstream.wait_disconnect()
     assert left.body["model"] == "hang"
     await gw.settled()
+
+
+async def test_early_headers_say_where_the_request_went(
+    mock_upstream: MockUpstream, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider's placement (here: which of the upstream's accounts the conversation keeps
+    to) is decided before the request is sent; headers that go out before the first token
+    carry it, as the finished answer's would."""
+    monkeypatch.setenv("MOCK_KEY_1", "sk-one")
+    monkeypatch.setenv("MOCK_KEY_2", "sk-two")
+    provider = {
+        "kind": "openai",
+        "base_url": mock_upstream.base_url,
+        "api_key_envs": ["MOCK_KEY_1", "MOCK_KEY_2"],
+        "direct_models": ["*"],
+    }
+    async with configured_gateway(
+        mock_upstream,
+        redis_prefix,
+        server=SERVER,
+        providers={"mock": provider},
+        models={"slow-model": MODELS["slow-model"]},
+    ) as gw:
+        raw = await gw.post_raw({"model": "slow-model", "messages": USER, "stream": True})
+        assert raw.status == 200
+        assert raw.body.index(b": keep-alive") < raw.body.index(b"alpha")  # headers went early
+        route = dict(f.split("=", 1) for f in raw.headers["x-gateway-route"].split("; "))
+        assert route["provider"] == "mock" and route["account"] in {"1/2", "2/2"}
+        json_answer = await gw.post_raw({"model": "slow-model", "messages": USER})
+        assert json_answer.headers["x-gateway-route"] == raw.headers["x-gateway-route"]
