@@ -462,3 +462,24 @@ async def test_a_read_to_close_body_closed_cleanly_is_complete(pools: list[Http1
 
     async with Upstream(handler) as url:
         assert (await fetch(pool_for(pools, url)))[::2] == (200, BODY)
+
+
+def test_the_same_under_uvloop() -> None:
+    """The gateway serves on uvloop, whose transports and sockets are not asyncio's."""
+    uvloop = pytest.importorskip("uvloop")
+    linux = Path("/proc/net/tcp").exists()
+
+    async def scenarios() -> None:
+        pools: list[Http1Pool] = []
+        try:
+            await test_an_unsolicited_answer_on_an_idle_connection_closes_it(pools)
+            await test_a_read_to_close_body_cut_by_a_reset_is_an_error(pools)
+            await test_informational_answers_are_skipped(pools, b"HTTP/1.1 100 Continue\r\n\r\n")
+            await test_a_head_that_never_ends_is_refused_before_the_deadline(pools)
+            if linux:
+                await test_connections_have_tcp_keepalive(pools)
+        finally:
+            for pool in pools:
+                pool.close()
+
+    uvloop.run(scenarios())
