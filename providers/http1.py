@@ -186,17 +186,11 @@ class Http1Pool:
             raise
 
     def _idle_connection(self) -> Connection | None:
-        """The connection given back last, unless it has been idle too long (then none is: the
-        others were given back before it)."""
-        idle = self._idle
-        while idle:
-            conn = idle.pop()
-            if conn.lost:
-                continue
-            if conn.idle_since + self._idle_expiry_s > self.loop.time():
+        """The connection given back last (those idle too long were closed by `_expire_idle`)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.lost:
                 return conn
-            conn.abort()
-            self._expire_idle()
         return None
 
     def _expire_idle(self) -> None:

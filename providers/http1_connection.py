@@ -139,7 +139,10 @@ class Connection(asyncio.Protocol):
         self._got_bytes = False
         self._until_eof = False  # no length, not chunked: the body ends with the connection
         self._decoder: Decoder | None = None
-        self._headers_seen = 0  # header fields of this exchange's answers (1xx included)
+        self._headers: dict[str, str] = {}  # the answer being parsed's
+        # Distinct header names the answer may still have: max_headers, less the fields of
+        # informational answers before it and the repeats of a name (rare; counted apart).
+        self._room = self._limits.max_headers
         self._head_bytes = 0  # bytes received while the final answer's head was incomplete
         self._head_done = False
         self._interim = False  # the answer being parsed is informational (1xx)
@@ -208,7 +211,8 @@ class Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         if self._headers_ready is None or self._complete:
             raise _Unsolicited  # no request outstanding: not this exchange's answer
-        self._response = Http1Response(self)
+        self._response = response = Http1Response(self)
+        self._headers = response.headers
         self._repeated = None
 
     def on_status(self, status: bytes) -> None:  # may come in pieces
@@ -216,30 +220,44 @@ class Connection(asyncio.Protocol):
         self._response.reason += status.decode("latin-1")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self._response is not None
-        limits = self._limits
-        self._headers_seen += 1
-        if self._headers_seen > limits.max_headers:
-            raise Http1Refused(f"the answer has more than {limits.max_headers} header fields")
-        if len(name) + len(value) > limits.max_field_bytes:
-            raise Http1Refused(
-                f"the answer's header field {name[:40].decode('latin-1')!r} is longer than "
-                f"{limits.max_field_bytes} bytes"
-            )
         key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        headers = self._response.headers
-        if key in headers:  # joined once, at the end of the head
-            repeated = self._repeated
-            if repeated is None:
-                repeated = self._repeated = {}
-            values = repeated.get(key)
-            if values is None:
-                repeated[key] = [headers[key], text]
-            else:
-                values.append(text)
+        headers = self._headers
+        if key not in headers:
+            if len(headers) >= self._room:
+                self._refuse_count()
+            headers[key] = value.decode("latin-1")
         else:
-            headers[key] = text
+            self._repeat(key, value.decode("latin-1"))
+
+    def _repeat(self, key: str, text: str) -> None:
+        """A name seen before in this head: its values are joined once, at the head's end."""
+        self._room -= 1
+        if len(self._headers) > self._room:
+            self._refuse_count()
+        repeated = self._repeated
+        if repeated is None:
+            repeated = self._repeated = {}
+        values = repeated.get(key)
+        if values is None:
+            repeated[key] = [self._headers[key], text]
+        else:
+            values.append(text)
+
+    def _refuse_count(self) -> None:
+        raise Http1Refused(f"the answer has more than {self._limits.max_headers} header fields")
+
+    def _check_fields(self) -> None:
+        """Every header field within max_field_bytes (name and value; each value of a repeated
+        name on its own)."""
+        limit = self._limits.max_field_bytes
+        fields = list(self._headers.items())
+        for key, values in (self._repeated or {}).items():
+            fields.extend((key, value) for value in values)
+        for key, value in fields:
+            if len(key) + len(value) > limit:
+                raise Http1Refused(
+                    f"the answer's header field {key[:40]!r} is longer than {limit} bytes"
+                )
 
     def on_headers_complete(self) -> None:
         response = self._response
@@ -247,9 +265,12 @@ class Connection(asyncio.Protocol):
         response.status = status = self._parser.get_status_code()
         if status < 200:  # informational (100 Continue, 103 Early Hints): the answer follows
             self._interim = True
+            self._room -= len(self._headers)
             return
         self._head_done = True
         headers = response.headers
+        if self._head_bytes > self._limits.max_field_bytes:  # else no field can be that long
+            self._check_fields()
         if self._repeated is not None:
             for key, values in self._repeated.items():
                 headers[key] = ", ".join(values)
@@ -260,12 +281,12 @@ class Connection(asyncio.Protocol):
             and not chunked
             and response.status not in _NO_BODY_STATUSES
         )
-        try:
-            self._decoder = decoder_for(
-                headers.get("content-encoding"), self._limits.max_body_bytes
-            )
-        except DecodeError as exc:
-            raise Http1Refused(str(exc)) from None
+        coding = headers.get("content-encoding")
+        if coding is not None:
+            try:
+                self._decoder = decoder_for(coding, self._limits.max_body_bytes)
+            except DecodeError as exc:
+                raise Http1Refused(str(exc)) from None
         if self._headers_ready is not None and not self._headers_ready.done():
             self._headers_ready.set_result(response)
 
@@ -376,7 +397,7 @@ class Connection(asyncio.Protocol):
         self._until_eof = False
         self._keep_alive = False
         self._decoder = None
-        self._headers_seen = 0
+        self._room = self._limits.max_headers
         self._head_bytes = 0
         self._head_done = False
         self._body_bytes = 0
