@@ -90,8 +90,10 @@ def test_the_proxy_comes_from_the_provider_or_else_the_environment(
     assert proxy_of(base_url="https://vllm.internal.corp/v1") is None
     assert proxy_of(base_url="http://api.example.com/v1") is None  # HTTP_PROXY unset
     assert proxy_of(base_url="https://api.example.com/v1", proxy="direct") is None
-    own = "http://u:p@egress:8080"
-    assert proxy_of(base_url="https://vllm.internal.corp/v1", proxy=own) == own
+    own = "http://u:s3cret@egress:8080"
+    config = upstream_config("acme", ProviderSettings(base_url="https://x.corp/v1", proxy=own))
+    assert config.proxy == own
+    assert "s3cret" not in repr(config)
 
 
 def test_an_upstream_does_not_busy_wait_unless_its_provider_asks() -> None:
