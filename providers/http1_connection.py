@@ -6,10 +6,13 @@ arrives, buffers its body (reading pauses above 1 MiB unread), enforces the exch
 with one timer, and on `release()` goes back to its pool only when the answer was read to its end
 and both sides keep the connection alive.
 
-What an upstream may send is bounded (`AnswerLimits`, checked in the parser's callbacks): at most
-`max_headers` header fields of at most `max_field_bytes` each, a head of at most their product,
-and a body of at most `max_body_bytes` after decoding (providers/http1_decode.py: gzip and
-deflate, any other coding refused). Beyond a bound, the exchange fails with `Http1Refused`.
+What an upstream may send is bounded (`AnswerLimits`): at most `max_headers` header fields (a
+new name is counted as it arrives, a repeated one too, its values joined once at the head's end),
+of at most `max_field_bytes` each (checked once, at the head's end, and only when the bytes
+received could hold a field that long), a head of at most `max_head_bytes` (checked per read:
+a field that never ends is cut off there), and a body of at most `max_body_bytes` after decoding
+(providers/http1_decode.py: gzip and deflate, any other coding refused). Beyond a bound, the
+exchange fails with `Http1Refused`.
 Informational answers (1xx) before the final one are skipped. Bytes that arrive while no request
 is outstanding (an unsolicited 408 on an idle connection) close the connection: they never
 become part of the next exchange. A body that ends with the connection (no length, not chunked)
