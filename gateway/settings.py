@@ -61,10 +61,11 @@ class ServerSettings(BaseModel):
     request_body_timeout_s: float = Field(default=60.0, gt=0)
     write_stall_timeout_s: float = Field(default=60.0, gt=0)
     # While at most busy_wait_max_waiting answers are awaited (Redis's replies to admissions
-    # and settlements, upstream answers), the event loop polls for them for up to busy_wait_us
-    # after each is asked for instead of sleeping: an idle CPU of a virtual machine takes
-    # longer to wake than Redis or a nearby upstream takes to answer. 0: always sleep. Not in
-    # the process that runs the embedded engine (its threads want the CPU).
+    # and settlements; the answers of upstreams whose provider sets busy_wait), the event loop
+    # polls for them for up to busy_wait_us after each is asked for instead of sleeping: an
+    # idle CPU of a virtual machine takes longer to wake than Redis or a nearby upstream takes
+    # to answer. 0: always sleep. Not in the process that runs the embedded engine (its
+    # threads want the CPU).
     busy_wait_us: int = Field(default=200, ge=0, le=10_000)
     busy_wait_max_waiting: int = Field(default=4, ge=1)
     # Once a serving process is up, what it built to start (modules, settings, the app, the
