@@ -4,11 +4,14 @@
 kind "openai" -> `OpenAIUpstream`, kind "anthropic" -> `AnthropicUpstream`, kind "local" -> the
 embedded engine (`gateway.engine_host.embedded`, whose engine stats also become Prometheus gauges
 in the app's registry), or, in workers 1..N-1 of `[server] workers`, worker 0's engine reached over
-its socket (`gateway.engine_host.worker_share`).
+its socket (`gateway.engine_host.worker_share`). An upstream's egress proxy is resolved here, from
+its settings or the environment; it polls for its answers with the process's `BusyWait` only when
+its `busy_wait` setting says so (the Redis calls always do).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -40,6 +43,12 @@ def upstream_config(name: str, settings: ProviderSettings) -> UpstreamConfig:
         stream_upstream=settings.stream_upstream,
         max_connections=settings.max_connections,
         headers=dict(settings.headers),
+        max_answer_headers=settings.max_answer_headers,
+        max_header_field_bytes=settings.max_header_field_bytes,
+        max_answer_bytes=settings.max_answer_bytes,
+        pool_idle_timeout_s=settings.pool_idle_timeout_s,
+        tcp_keepalive_s=settings.tcp_keepalive_s,
+        proxy=settings.proxy_url(os.environ),
     )
 
 
@@ -55,7 +64,7 @@ async def open_providers(
     """One opened Provider per live provider, by name; all are closed when the context exits
     (a local engine is stopped, its metrics collector removed). `worker`: this serving
     process's index; only worker 0 loads a local engine. `busy`: the process's `BusyWait`,
-    which the upstreams wait for their answers with."""
+    which the upstreams whose `busy_wait` is set wait for their answers with."""
     live, skipped = settings.live_providers()
     log.info(
         "providers_live",
@@ -82,7 +91,8 @@ async def open_providers(
             else:
                 config = upstream_config(name, provider_settings)
                 anthropic = provider_settings.kind == "anthropic"
-                upstream = (AnthropicUpstream if anthropic else OpenAIUpstream)(config, busy=busy)
+                spin = busy if provider_settings.busy_wait else None
+                upstream = (AnthropicUpstream if anthropic else OpenAIUpstream)(config, busy=spin)
                 stack.push_async_callback(upstream.close)
                 await upstream.open()
                 providers[name] = upstream

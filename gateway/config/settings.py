@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from backend.engine.engine_config import EngineConfig
 from gateway.config.cluster import ClusterSettings
 from gateway.config.routing import RoutingSettings
 from plumbing.busy_wait import Spin
+from providers.transport.http1_proxy import Proxy, proxy_for
 from providers.upstream.openai_wire import ThinkingStyle
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -102,9 +104,10 @@ class ServerSettings(BaseModel):
         ge=0,
         le=10_000,
         description="While at most `busy_wait_max_waiting` answers are awaited (Redis's replies "
-        "to admissions and settlements, upstream answers), the event loop polls for each this "
-        "many microseconds instead of sleeping: an idle virtual CPU takes longer to wake than "
-        "Redis or a nearby upstream takes to answer. 0: always sleep. Never in the process "
+        "to admissions and settlements; the answers of upstreams whose provider sets "
+        "`busy_wait`), the event loop polls for each this many microseconds instead of "
+        "sleeping: an idle virtual CPU takes longer to wake than Redis or a nearby upstream "
+        "takes to answer. 0: always sleep. Never in the process "
         "that runs the embedded engine (its threads want the CPU).",
     )
     busy_wait_max_waiting: int = Field(
@@ -309,6 +312,50 @@ class ProviderSettings(BaseModel):
         "clients may address directly as `<provider>/<model>`; empty: only the configured "
         "models reach this provider.",
     )
+    proxy: str | None = Field(
+        default=None,
+        description="The egress proxy for every call to this upstream. Unset: the one the "
+        "environment names (HTTPS_PROXY for an https base_url, HTTP_PROXY for an http one, "
+        'lower-case names first, unless NO_PROXY covers the host); "direct": none, whatever '
+        "the environment says; else an http://[user:password@]host:port URL (https is tunnelled "
+        "with CONNECT; credentials are sent as Proxy-Authorization: Basic and never logged).",
+    )
+    busy_wait: bool = Field(
+        default=False,
+        description="Poll for this upstream's answers instead of sleeping, as [server] "
+        "busy_wait_us says (it costs up to that much CPU per request): worth it only for an "
+        "engine next door that answers within tens of microseconds, never over the internet.",
+    )
+    max_answer_headers: int = Field(
+        default=128,
+        gt=0,
+        description="The most header fields an answer of this upstream may have; beyond it "
+        "the request fails with a 502.",
+    )
+    max_header_field_bytes: int = Field(
+        default=8192,
+        gt=0,
+        description="The longest header field (name and value) an answer may have; beyond it "
+        "the request fails with a 502.",
+    )
+    max_answer_bytes: int = Field(
+        default=64 << 20,
+        gt=0,
+        description="The largest answer body, after decoding gzip or deflate; beyond it (a "
+        "decompression bomb) the request fails with a 502.",
+    )
+    pool_idle_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="An idle pooled connection to this upstream is closed after this many "
+        "seconds unused (NATs and load balancers drop idle connections silently).",
+    )
+    tcp_keepalive_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="TCP keepalive on connections to this upstream: the first probe after "
+        "this many idle seconds, then every third of it, 3 unanswered close it. 0: off.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ProviderSettings:
@@ -316,7 +363,22 @@ class ProviderSettings(BaseModel):
             raise ValueError(
                 f"an {self.kind} provider needs base_url starting with http:// or https://"
             )
+        if self.proxy is not None and self.proxy != "direct":
+            Proxy.parse(self.proxy)  # a ValueError that leaves the credentials out
         return self
+
+    def proxy_url(self, environ: Mapping[str, str]) -> str | None:
+        """The proxy URL for this provider's calls (None: direct), from `proxy` or `environ`."""
+        if self.proxy == "direct":
+            return None
+        url = self.proxy if self.proxy is not None else proxy_for(self.base_url, environ)
+        if url is None:
+            return None
+        return url.strip() if "://" in url else f"http://{url.strip()}"
+
+    def key_envs(self) -> tuple[str, ...]:
+        """The environment variables that hold this provider's keys, the main one first."""
+        return ((self.api_key_env,) if self.api_key_env else ()) + self.api_key_envs
 
     def api_key(self) -> str | None:
         """The upstream key, read from the environment when asked (never stored here)."""
@@ -324,8 +386,7 @@ class ProviderSettings(BaseModel):
 
     def accounts(self) -> tuple[tuple[str, str], ...]:
         """(environment variable, key) of every account whose key is set, the main one first."""
-        names = ((self.api_key_env,) if self.api_key_env else ()) + self.api_key_envs
-        return tuple((n, os.environ[n]) for n in names if os.environ.get(n))
+        return tuple((n, os.environ[n]) for n in self.key_envs() if os.environ.get(n))
 
 
 class RouteSettings(BaseModel):
@@ -532,6 +593,32 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _upstreams_reachable(self) -> Settings:
+        """Every live upstream's keys can go in a header, and its proxy can be used: said now,
+        naming the provider and the variable (never a key), not as a 500 per request."""
+        for name, provider in self.live_providers()[0].items():
+            if provider.kind == "local":
+                continue
+            for env in provider.key_envs():
+                problem = header_value_problem(os.environ.get(env) or "")
+                if problem:
+                    raise ValueError(
+                        f"provider {name!r}: the key in environment variable {env} {problem}; "
+                        "an HTTP header cannot carry it (check for a trailing newline)"
+                    )
+            if provider.proxy is None:
+                try:
+                    url = provider.proxy_url(os.environ)
+                    if url is not None:
+                        Proxy.parse(url)
+                except ValueError as exc:
+                    raise ValueError(
+                        f"provider {name!r}: the proxy in the environment (HTTPS_PROXY / "
+                        f"HTTP_PROXY) is unusable: {exc}"
+                    ) from None
+        return self
+
+    @model_validator(mode="after")
     def _one_engine(self) -> Settings:
         """Workers share one engine (worker 0's); a cluster node is one serving process."""
         workers = self.server.workers
@@ -605,6 +692,21 @@ class Settings(BaseSettings):
             else:
                 live[name] = provider
         return live, skipped
+
+
+def header_value_problem(value: str) -> str:
+    """What keeps `value` out of an HTTP header ("" if nothing): control characters (CR and LF
+    above all) and characters beyond latin-1."""
+    if value.isprintable() and value.isascii():
+        return ""  # the common case, checked in C
+    for char in value:
+        if char in "\r\n":
+            return "holds a line break"
+        if ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F:
+            return f"holds the control character {char!r}"
+        if ord(char) > 0xFF:
+            return "holds a character beyond latin-1"
+    return ""
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:

@@ -5,17 +5,32 @@ The errors, `Http1Response` (status, reason, lower-case headers, then the body b
 arrives, buffers its body (reading pauses above 1 MiB unread), enforces the exchange's deadline
 with one timer, and on `release()` goes back to its pool only when the answer was read to its end
 and both sides keep the connection alive.
+
+What an upstream may send is bounded (`AnswerLimits`): at most `max_headers` header fields (a
+new name is counted as it arrives, a repeated one too, its values joined once at the head's end),
+of at most `max_field_bytes` each (checked once, at the head's end, and only when the bytes
+received could hold a field that long), a head of at most `max_head_bytes` (checked per read:
+a field that never ends is cut off there), and a body of at most `max_body_bytes` after decoding
+(providers/transport/http1_decode.py: gzip and deflate, any other coding refused). Beyond a bound,
+the exchange fails with `Http1Refused`.
+Informational answers (1xx) before the final one are skipped. Bytes that arrive while no request
+is outstanding (an unsolicited 408 on an idle connection) close the connection: they never
+become part of the next exchange. A body that ends with the connection (no length, not chunked)
+is complete only when the server closed it cleanly, not when the connection was reset.
 """
 
 from __future__ import annotations
 
 import asyncio
-import zlib
+import contextlib
+import socket
 from typing import TYPE_CHECKING, cast
 
 import httptools
 
+from plumbing.record import record
 from plumbing.turn_writes import TurnWrites
+from providers.transport.http1_decode import DecodeError, Decoder, decoder_for
 
 if TYPE_CHECKING:
     from providers.transport.http1 import Http1Pool
@@ -35,6 +50,40 @@ class ConnectTimeout(Http1Error):
 
 class Http1Timeout(Http1Error):
     """The exchange's deadline passed (the connection is closed: its answer is abandoned)."""
+
+
+class Http1Refused(Http1Error):
+    """The answer breaks a bound or uses an encoding the client does not read (the connection is
+    closed; the same upstream would send it again, but another route may serve)."""
+
+
+class _Unsolicited(Exception):
+    """An answer began while none was awaited (raised inside the parser to stop it)."""
+
+
+@record
+class AnswerLimits:
+    """The most an upstream's answer may hold (aiohttp's client has the same header bounds)."""
+
+    max_headers: int = 128  # header fields, repeated names counted each time
+    max_field_bytes: int = 8192  # one field's name and value together
+    max_body_bytes: int = 64 << 20  # the body after decoding
+
+    @property
+    def max_head_bytes(self) -> int:
+        """The bytes a head may take before it ends (status line and line ends included)."""
+        return (self.max_headers + 1) * (self.max_field_bytes + 4)
+
+
+def set_keepalive(sock: socket.socket, idle_s: float) -> None:
+    """TCP keepalive on `sock`: the first probe after `idle_s` idle, then every `idle_s` / 3,
+    given up after 3 unanswered (a connection a NAT dropped fails instead of hanging)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = max(1, round(idle_s))
+    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's defaults apply
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, idle // 3))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
 
 
 class Http1Response:
@@ -77,6 +126,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, pool: Http1Pool) -> None:
         self._pool = pool
         self._loop = pool.loop
+        self._limits = pool.limits
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.lost = False
@@ -91,8 +141,18 @@ class Connection(asyncio.Protocol):
         self._paused = False
         self._got_bytes = False
         self._until_eof = False  # no length, not chunked: the body ends with the connection
-        self._inflate: zlib._Decompress | None = None
+        self._decoder: Decoder | None = None
+        self._headers: dict[str, str] = {}  # the answer being parsed's
+        # Distinct header names the answer may still have: max_headers, less the fields of
+        # informational answers before it and the repeats of a name (rare; counted apart).
+        self._room = self._limits.max_headers
+        self._head_bytes = 0  # bytes received while the final answer's head was incomplete
+        self._head_done = False
+        self._interim = False  # the answer being parsed is informational (1xx)
+        self._repeated: dict[str, list[str]] | None = None  # values of repeated header names
+        self._body_bytes = 0
         self._keep_alive = False
+        self.idle_since = 0.0  # loop time it was last given back to the pool
         self._timer: asyncio.TimerHandle | None = None
         # From the request to the release: its answer is awaited or read (the pool's BusyWait
         # counts it; a process whose upstream answers wait to be read is busy, not waiting).
@@ -104,22 +164,47 @@ class Connection(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         # Requests are sent once per loop turn, with the turn's others (turn_writes.py).
         self._transport = TurnWrites(cast(asyncio.Transport, transport), self._pool.turn)
+        keepalive_s = self._pool.keepalive_s
+        sock = transport.get_extra_info("socket")
+        if keepalive_s and sock is not None:
+            with contextlib.suppress(OSError):  # not a TCP socket: nothing to keep alive
+                set_keepalive(sock, keepalive_s)
 
     def data_received(self, data: bytes) -> None:
         self._got_bytes = True
+        if not self._head_done:
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(Http1Error("the upstream switched protocols"))
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, _Unsolicited):
+                self._drop_unsolicited()
+            elif isinstance(cause, Http1Error):
+                self._fail(cause)
+            else:
+                self._fail(Http1Error(f"malformed answer: {exc}"))
         except httptools.HttpParserError as exc:
             self._fail(Http1Error(f"malformed answer: {exc}"))
+        else:
+            if not self._head_done and self._head_bytes > self._limits.max_head_bytes:
+                self._fail(
+                    Http1Refused(
+                        f"the answer's head is longer than {self._limits.max_head_bytes} bytes"
+                    )
+                )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self._no_longer_awaited()
         self._pool.forget(self)
         if self._response is not None and self._until_eof and not self._complete:
-            self._finish()
+            if exc is None:  # closed cleanly: the body ends here
+                self._finish()
+            else:  # reset: the body was cut
+                self._fail(Http1Error(f"the upstream's answer was cut off: {exc}"))
         elif not self._complete:
             reason = f": {exc}" if exc else ""
             self._fail(Http1Error(f"the upstream closed the connection{reason}"))
@@ -127,45 +212,99 @@ class Connection(asyncio.Protocol):
     # httptools callbacks
 
     def on_message_begin(self) -> None:
-        self._response = Http1Response(self)
+        if self._headers_ready is None or self._complete:
+            raise _Unsolicited  # no request outstanding: not this exchange's answer
+        self._response = response = Http1Response(self)
+        self._headers = response.headers
+        self._repeated = None
 
     def on_status(self, status: bytes) -> None:  # may come in pieces
         assert self._response is not None
         self._response.reason += status.decode("latin-1")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self._response is not None
         key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        headers = self._response.headers
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        headers = self._headers
+        if key not in headers:
+            if len(headers) >= self._room:
+                self._refuse_count()
+            headers[key] = value.decode("latin-1")
+        else:
+            self._repeat(key, value.decode("latin-1"))
+
+    def _repeat(self, key: str, text: str) -> None:
+        """A name seen before in this head: its values are joined once, at the head's end."""
+        self._room -= 1
+        if len(self._headers) > self._room:
+            self._refuse_count()
+        repeated = self._repeated
+        if repeated is None:
+            repeated = self._repeated = {}
+        values = repeated.get(key)
+        if values is None:
+            repeated[key] = [self._headers[key], text]
+        else:
+            values.append(text)
+
+    def _refuse_count(self) -> None:
+        raise Http1Refused(f"the answer has more than {self._limits.max_headers} header fields")
+
+    def _check_fields(self) -> None:
+        """Every header field within max_field_bytes (name and value; each value of a repeated
+        name on its own)."""
+        limit = self._limits.max_field_bytes
+        fields = list(self._headers.items())
+        for key, values in (self._repeated or {}).items():
+            fields.extend((key, value) for value in values)
+        for key, value in fields:
+            if len(key) + len(value) > limit:
+                raise Http1Refused(
+                    f"the answer's header field {key[:40]!r} is longer than {limit} bytes"
+                )
 
     def on_headers_complete(self) -> None:
         response = self._response
         assert response is not None
-        response.status = self._parser.get_status_code()
+        response.status = status = self._parser.get_status_code()
+        if status < 200:  # informational (100 Continue, 103 Early Hints): the answer follows
+            self._interim = True
+            self._room -= len(self._headers)
+            return
+        self._head_done = True
         headers = response.headers
+        if self._head_bytes > self._limits.max_field_bytes:  # else no field can be that long
+            self._check_fields()
+        if self._repeated is not None:
+            for key, values in self._repeated.items():
+                headers[key] = ", ".join(values)
+            self._repeated = None
         chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         self._until_eof = (
             "content-length" not in headers
             and not chunked
             and response.status not in _NO_BODY_STATUSES
         )
-        encoding = headers.get("content-encoding", "").strip().lower()
-        if encoding in ("gzip", "x-gzip"):
-            self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            self._inflate = zlib.decompressobj()
+        coding = headers.get("content-encoding")
+        if coding is not None:
+            try:
+                self._decoder = decoder_for(coding, self._limits.max_body_bytes)
+            except DecodeError as exc:
+                raise Http1Refused(str(exc)) from None
         if self._headers_ready is not None and not self._headers_ready.done():
             self._headers_ready.set_result(response)
 
     def on_body(self, body: bytes) -> None:
-        if self._inflate is not None:
+        if self._decoder is not None:
             try:
-                body = self._inflate.decompress(body)
-            except zlib.error as exc:
-                self._fail(Http1Error(f"undecodable {exc}"))
-                return
+                body = self._decoder.feed(body)
+            except DecodeError as exc:
+                raise Http1Refused(str(exc)) from None
+        else:
+            self._body_bytes += len(body)
+            if self._body_bytes > self._limits.max_body_bytes:
+                raise Http1Refused(
+                    f"the answer's body is longer than {self._limits.max_body_bytes} bytes"
+                )
         if body:
             self._body.append(body)
             self._buffered += len(body)
@@ -175,6 +314,9 @@ class Connection(asyncio.Protocol):
             self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self._keep_alive = self._parser.should_keep_alive()  # valid only inside this callback
         self._finish()
 
@@ -257,17 +399,30 @@ class Connection(asyncio.Protocol):
         self._got_bytes = False
         self._until_eof = False
         self._keep_alive = False
-        self._inflate = None
+        self._decoder = None
+        self._room = self._limits.max_headers
+        self._head_bytes = 0
+        self._head_done = False
+        self._body_bytes = 0
         self.reused = True
 
     def _finish(self) -> None:
-        if self._inflate is not None:
-            tail = self._inflate.flush()
-            self._inflate = None
+        if self._decoder is not None:
+            decoder, self._decoder = self._decoder, None
+            try:
+                tail = decoder.end()
+            except DecodeError as exc:
+                self._fail(Http1Refused(str(exc)))
+                return
             if tail:
                 self._body.append(tail)
         self._complete = True
         self._wake()
+
+    def _drop_unsolicited(self) -> None:
+        """An answer no request asked for: the connection is closed (the answer already read
+        stays readable, and the connection never goes back to the pool)."""
+        self.abort()
 
     def _fail(self, error: Http1Error) -> None:
         if self._error is None:

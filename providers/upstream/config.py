@@ -2,8 +2,11 @@
 
 The gateway builds `UpstreamConfig` from its `ProviderSettings` (providers/ does not import the
 gateway): name = the provider's key in settings, base_url, api_key = settings.api_key(),
-thinking_style, send_reasoning_history, the timeouts, max_connections, headers and stream_upstream
-map one to one; the remaining fields keep their defaults unless the gateway has better.
+thinking_style, send_reasoning_history, the timeouts, max_connections, headers, stream_upstream
+and the HTTP client's bounds map one to one; `proxy` is the provider's own proxy setting or, when
+it has none, the one the environment names for base_url (HTTPS_PROXY, NO_PROXY: resolved by the
+gateway, which reads the environment); the remaining fields keep their defaults unless the gateway
+has better.
 """
 
 from __future__ import annotations
@@ -37,3 +40,12 @@ class UpstreamConfig:
     headers: Mapping[str, str] = field(default_factory=dict)
     models: tuple[str, ...] = ()
     stream_upstream: bool = False  # stream from the upstream for JSON clients too
+    # The HTTP client (providers/transport/http1.py): what an answer may hold, how long an idle
+    # pooled connection is kept, TCP keepalive's idle time (0: off), and the egress proxy (an
+    # http://[user:password@]host:port URL; None: direct), for every call to this upstream.
+    max_answer_headers: int = 128
+    max_header_field_bytes: int = 8192
+    max_answer_bytes: int = 64 << 20
+    pool_idle_timeout_s: float = 15.0
+    tcp_keepalive_s: float = 30.0
+    proxy: str | None = field(default=None, repr=False)

@@ -35,11 +35,14 @@ from providers.errors import (
     UpstreamUnavailable,
 )
 from providers.transport.http1 import (
+    AnswerLimits,
     ConnectTimeout,
     Http1Error,
     Http1Pool,
+    Http1Refused,
     Http1Response,
     Http1Timeout,
+    Proxy,
 )
 from providers.transport.read_deadline import ReadDeadline
 from providers.transport.sse import SSEEvent, SSEParser
@@ -111,6 +114,14 @@ class OpenAIUpstream:
                 connect_timeout_s=config.connect_timeout_s,
                 max_connections=config.max_connections,
                 busy=self._busy,
+                limits=AnswerLimits(
+                    config.max_answer_headers,
+                    config.max_header_field_bytes,
+                    config.max_answer_bytes,
+                ),
+                idle_expiry_s=config.pool_idle_timeout_s,
+                keepalive_s=config.tcp_keepalive_s,
+                proxy=Proxy.parse(config.proxy) if config.proxy else None,
             )
         return self._pool
 
@@ -121,9 +132,15 @@ class OpenAIUpstream:
             headers = self._auth_headers()
             headers.update(config.headers)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=config.max_connections),
+                connector=aiohttp.TCPConnector(
+                    limit=config.max_connections,
+                    keepalive_timeout=config.pool_idle_timeout_s,
+                ),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s),
                 headers=headers,
+                # The proxy the gateway resolved (the environment's, or the provider's own):
+                # the same as the chat calls', credentials from its URL.
+                proxy=config.proxy,
                 # No cookies: one session serves every user, and the jar costs a filter pass
                 # on every request.
                 cookie_jar=aiohttp.DummyCookieJar(),
@@ -302,6 +319,8 @@ class OpenAIUpstream:
             raise self._timeout("connect") from None
         except Http1Timeout:
             raise self._timeout(waiting_for) from None
+        except Http1Refused as exc:
+            raise self._refused(exc) from exc
         except Http1Error as exc:
             raise UpstreamUnavailable(
                 f"Provider '{self.name}' could not be reached.",
@@ -346,7 +365,18 @@ class OpenAIUpstream:
         limits = (c.connect_timeout_s, c.first_byte_timeout_s, c.idle_timeout_s, c.answer_timeout_s)
         return timeout_error(self.name, what, *limits)
 
+    def _refused(self, exc: Http1Refused) -> UpstreamUnavailable:
+        """An answer the HTTP client will not read (too many or too long headers, a body
+        beyond its bound, an encoding it does not decode)."""
+        return UpstreamUnavailable(
+            f"Provider '{self.name}' sent an answer the gateway refuses to read: {exc}.",
+            provider=self.name,
+            detail=describe(exc),
+        )
+
     def _broken(self, exc: BaseException | None) -> UpstreamUnavailable:
+        if isinstance(exc, Http1Refused):
+            return self._refused(exc)
         return UpstreamUnavailable(
             f"Provider '{self.name}' broke off its answer before the end.",
             provider=self.name,
