@@ -57,6 +57,13 @@ class EngineConfig:
     spec_enabled: bool = True
     spec_num_tokens: int = 1
     spec_max_batch_size: int | None = 1
+    tensor_parallel: int = 1
+    expert_parallel: bool = False
+    parallel_local_ranks: int | None = None
+    parallel_master_addr: str = "127.0.0.1"
+    parallel_master_port: int = 0
+    parallel_timeout_s: float = 30.0
+    parallel_join_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         positive = {
@@ -97,6 +104,20 @@ class EngineConfig:
                 f"max_batch_tokens {self.max_batch_tokens} must cover a decode and its "
                 f"{self.spec_num_tokens} drafts for each of max_num_seqs {self.max_num_seqs}"
             )
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        if self.tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be positive, got {self.tensor_parallel}")
+        local = self.parallel_local_ranks
+        if local is not None and not 1 <= local <= self.tensor_parallel:
+            raise ValueError(f"parallel_local_ranks must be in [1, tensor_parallel], got {local}")
+        if not 0 <= self.parallel_master_port < 65536:
+            raise ValueError(f"parallel_master_port out of range: {self.parallel_master_port}")
+        if local is not None and local < self.tensor_parallel and not self.parallel_master_port:
+            raise ValueError("ranks on other nodes need a fixed parallel_master_port")
+        if self.parallel_timeout_s <= 0 or self.parallel_join_timeout_s <= 0:
+            raise ValueError("parallel_timeout_s and parallel_join_timeout_s must be positive")
 
     @property
     def torch_dtype(self) -> torch.dtype:
