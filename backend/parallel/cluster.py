@@ -63,13 +63,14 @@ class Cluster:
 
     def diagnose(self, failure: RankFailure) -> RankFailure:
         """A RankFailure naming the ranks that exited or stopped their heartbeat (logged)."""
-        causes = [
-            f"rank {rank} exited with code {process.returncode}"
-            for rank, process in sorted(self.processes.items())
+        silent = self._silent_ranks()  # also gives a killed process time to be reaped
+        exited = {
+            rank: process.returncode
+            for rank, process in self.processes.items()
             if process.poll() is not None
-        ]
-        if not causes:
-            causes = [f"rank {rank} stopped responding" for rank in self._silent_ranks()]
+        }
+        causes = [f"rank {rank} exited with code {code}" for rank, code in sorted(exited.items())]
+        causes += [f"rank {rank} stopped responding" for rank in silent if rank not in exited]
         named = "; ".join(causes) or "no rank named (a connection failed)"
         logger.error("parallel engine down: %s (%s)", named, failure)
         return RankFailure(f"parallel engine down: {named}")
@@ -129,7 +130,13 @@ def start_parallel_model(
     cluster = Cluster(store, world, processes)
     group: RankGroup | None = None
     try:
-        group = RankGroup(store, 0, world, config.parallel_timeout_s)
+        group = RankGroup(
+            store,
+            0,
+            world,
+            config.parallel_timeout_s,
+            join_timeout_s=config.parallel_join_timeout_s,
+        )
         model, report = load_shard(
             model_dir,
             group,
@@ -162,7 +169,7 @@ def collect_reports(group: RankGroup, report: LoadReport) -> list[LoadReport]:
     """Every rank's load report at rank 0 (one all-reduce; every rank must call it)."""
     table = torch.zeros(group.world, 2, dtype=torch.float64)
     table[group.rank] = torch.tensor([report.weight_bytes, report.peak_bytes])
-    group.all_reduce(table)
+    group.all_reduce(table, startup=True)
     return [LoadReport(rank, int(w), int(p)) for rank, (w, p) in enumerate(table.tolist())]
 
 

@@ -40,6 +40,7 @@ class RankGroup:
         world: int,
         timeout_s: float,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        join_timeout_s: float | None = None,
     ) -> None:
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside a world of {world}")
@@ -48,6 +49,8 @@ class RankGroup:
         self.store = store
         self.timeout = timedelta(seconds=timeout_s)
         self.idle_timeout = timedelta(seconds=idle_timeout_s)
+        # start-up collectives wait for the slowest rank's load
+        self.join_timeout = timedelta(seconds=join_timeout_s or timeout_s)
         # the backend object itself (its collectives take a per-call timeout; the type stubs
         # do not list them)
         self._pg: Any = dist.ProcessGroupGloo(
@@ -76,15 +79,17 @@ class RankGroup:
         if self.broken:
             raise RankFailure(f"rank {self.rank}: the process group failed earlier")
 
-    def all_reduce(self, tensor: Tensor) -> Tensor:
-        """Sum ``tensor`` over ranks in place (every rank gets the same result)."""
+    def all_reduce(self, tensor: Tensor, *, startup: bool = False) -> Tensor:
+        """Sum ``tensor`` over ranks in place (every rank gets the same result); ``startup``
+        waits up to the join timeout (the ranks are still loading)."""
         self._check()
         if self.world == 1:
             return tensor
-        work = self._pg.allreduce([tensor], dist.ReduceOp.SUM, self.timeout)
+        timeout = self.join_timeout if startup else self.timeout
+        work = self._pg.allreduce([tensor], dist.ReduceOp.SUM, timeout)
         # ring all-reduce: each rank sends 2 (N - 1) / N of the tensor
         sent = 2 * (self.world - 1) * _nbytes(tensor) // self.world
-        self._wait(work, "all_reduce", sent, None)
+        self._wait(work, "all_reduce", sent, timeout)
         return tensor
 
     def broadcast(self, tensor: Tensor, *, idle: bool = False) -> Tensor:

@@ -55,7 +55,9 @@ def run(rank: int, world: int, addr: str, port: int) -> int:
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(addr, port, rank, stop), daemon=True)
     beat.start()
-    group = RankGroup(store, rank, world, config.parallel_timeout_s)
+    group = RankGroup(
+        store, rank, world, config.parallel_timeout_s, join_timeout_s=config.parallel_join_timeout_s
+    )
     try:
         layout = Layout(rank, world, config.expert_parallel)
         model, report = load_shard(
