@@ -19,7 +19,9 @@ from backend.model.checkpoint import load_model
 from backend.model.fp8_linear import FP8Linear
 from backend.model.model import DeepseekV3ForCausalLM
 from backend.parallel.cluster import start_parallel_model
+from backend.parallel.layout import Layout
 from backend.parallel.model import ShardedCausalLM, decode_plan, encode_plan
+from backend.parallel.sizing import decode_step_bytes, rank_weight_bytes
 from tests.backend.engine_helpers import GREEDY, engine_config, make_engine, random_prompts
 from tests.backend.parallel_helpers import greedy_tokens, one_by_one, parallel_config
 
@@ -125,7 +127,11 @@ def test_four_ranks_expert_parallel_greedy_equals_one_device(
     model, cluster = start_parallel_model(tiny_dir, parallel_config(4, expert_parallel=True))
     try:
         assert [r.rank for r in cluster.reports] == [0, 1, 2, 3]
-        assert all(r.weight_bytes > 0 and r.peak_bytes > 0 for r in cluster.reports)
+        assert all(r.peak_bytes > r.weight_bytes for r in cluster.reports)
+        for report in cluster.reports:  # the loaded shards, as backend.plan counts them
+            layout = Layout(report.rank, 4, expert_parallel=True)
+            counted = rank_weight_bytes(tiny_model.config, layout, dtype=torch.float32)
+            assert report.weight_bytes == counted
         for overrides in (CHUNKED, SPECULATIVE):
             engine = make_engine(
                 model, tiny_dir, parallel_config(4, expert_parallel=True, **overrides)
@@ -153,8 +159,12 @@ def test_fp8_slices_load_resident_or_dequantized(tmp_path: Path) -> None:
     single = greedy_tokens(
         make_engine(load_model(model_dir), model_dir, engine_config(**PLAIN)), prompts, GREEDY
     )
-    model, _ = start_parallel_model(model_dir, parallel_config(2, expert_parallel=True))
+    model, cluster = start_parallel_model(model_dir, parallel_config(2, expert_parallel=True))
     try:
+        for report in cluster.reports:
+            layout = Layout(report.rank, 2, expert_parallel=True)
+            counted = rank_weight_bytes(model.config, layout, dtype=torch.float32)
+            assert report.weight_bytes == counted
         attn = model.model.layers[0].self_attn
         assert isinstance(attn.kv_b_proj, FP8Linear) and isinstance(attn.o_proj, FP8Linear)
         assert attn.kv_b_proj.weight_scale_inv.shape == (2, 1)  # rows 256 of 512, one column
@@ -190,3 +200,21 @@ def test_checkpoint_written_by_hf_transformers(tmp_path: Path) -> None:
             torch.testing.assert_close(got, want, atol=LOGITS_ATOL, rtol=0)
     finally:
         model.close()
+
+
+def test_bytes_sent_per_decode_step_match_the_analytic_count(tp2: ShardedCausalLM) -> None:
+    config = tp2.config
+    cache = PagedLatentCache(tp2.num_cache_layers, 8, 16, config.latent_dim, tp2.dtype, "cpu")
+    prompts = [[3, 4, 5, 6, 7], [8, 9, 10, 11, 12]]
+    tables = [[0, 1], [2, 3]]
+    tp2(ForwardBatch.build(prompts, [0, 0], tables, 16), cache)
+    before = tp2.group.bytes_sent
+    decode = ForwardBatch.build([[13], [14]], [5, 5], tables, 16)
+    hidden = tp2(decode, cache)
+    tp2.compute_logits(hidden.index_select(0, decode.last_token_indices()))  # as the runner does
+    sent = tp2.group.bytes_sent - before
+    expected = decode_step_bytes(
+        config, 2, expert_parallel=False, num_seqs=2, dtype=torch.float32, context_len=6,
+        block_size=3,  # two blocks per table, as given
+    )  # fmt: skip
+    assert sent == expected.total == expected.all_reduce + expected.plan
