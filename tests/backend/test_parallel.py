@@ -6,6 +6,7 @@ others dequantized) and a checkpoint written by HF transformers load and agree t
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from backend.parallel.model import ShardedCausalLM, decode_plan, encode_plan
 from backend.parallel.sizing import decode_step_bytes, rank_weight_bytes
 from tests.backend.engine_helpers import GREEDY, engine_config, make_engine, random_prompts
 from tests.backend.parallel_helpers import greedy_tokens, one_by_one, parallel_config
+from tests.backend.test_spec_engine import _chi2_quantile
 
 pytestmark = pytest.mark.slow
 
@@ -218,3 +220,33 @@ def test_bytes_sent_per_decode_step_match_the_analytic_count(tp2: ShardedCausalL
         block_size=3,  # two blocks per table, as given
     )  # fmt: skip
     assert sent == expected.total == expected.all_reduce + expected.plan
+
+
+def test_two_ranks_sample_the_one_device_distribution(
+    tiny_dir: Path, tiny_model: DeepseekV3ForCausalLM, tp2: ShardedCausalLM
+) -> None:
+    """Chi-square goodness of fit of 400 first tokens sampled over 2 ranks (temperature 1.5,
+    top-k 4) against the one-device model's exact probabilities. The threshold is the
+    chi-square quantile for p = 1e-4: a correct engine fails with probability 1e-4 over the
+    draws (fixed here by the seed)."""
+    torch.manual_seed(23)
+    prompt = random_prompts(1, 12, 12, seed=29)["req-0"]
+    params = SamplingParams(temperature=1.5, top_p=1.0, top_k=4, max_tokens=1, ignore_eos=True)
+    config = tiny_model.config
+    cache = PagedLatentCache(
+        tiny_model.num_cache_layers, 1, 16, config.latent_dim, torch.float32, "cpu"
+    )
+    hidden = tiny_model(ForwardBatch.for_prefill(prompt, 0, [0], 16), cache)
+    logits = tiny_model.compute_logits(hidden[-1:])[0]
+    top = logits.topk(4)
+    probs = (top.values / 1.5).softmax(dim=-1)
+    expected = dict(zip(top.indices.tolist(), probs.tolist(), strict=True))
+    num_samples = 400
+    engine = make_engine(tp2, tiny_dir, parallel_config(2, **PLAIN))
+    tokens = greedy_tokens(engine, {f"s{i}": prompt for i in range(num_samples)}, params)
+    counts = Counter(t[0] for t in tokens.values())
+    assert set(counts) <= set(expected)
+    statistic = sum(
+        (counts[token] - num_samples * p) ** 2 / (num_samples * p) for token, p in expected.items()
+    )
+    assert statistic < _chi2_quantile(len(expected) - 1, 1e-4), (statistic, counts, expected)
