@@ -1,7 +1,8 @@
 """End to end with the parallel engine: the openai SDK -> the gateway -> the local provider
 whose engine runs over 2 ranks (``[engine] tensor_parallel = 2``, a worker process it starts)
 answers exactly as with one, streamed and not, thinking on and off; a worker that dies makes
-the engine's answers 502 upstream_unavailable instead of hanging."""
+the engine's answers 502 upstream_unavailable instead of hanging, and /readyz says the local
+provider is down."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -70,4 +72,10 @@ async def test_two_ranks_answer_as_one(tiny_checkpoint: Path) -> None:
             )
         assert caught.value.status_code == 502
         assert "upstream_unavailable" in str(caught.value.body)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{two.root}/readyz") as ready,
+        ):
+            assert ready.status == 503
+            assert (await ready.json())["checks"]["provider:local"] is False
     assert worker_pids() == {}
