@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from backend.demo_checkpoint import demo_config
+from backend.engine.engine_config import EngineConfig
 from backend.model.config import ModelConfig
 from backend.parallel.layout import Layout
 from backend.parallel.sizing import decode_step_bytes, rank_weight_bytes
@@ -84,3 +85,25 @@ def test_weights_per_rank_sum_to_the_model() -> None:
         + tiny.hidden_size  # final norm
     )
     assert total == one + replicated
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"tensor_parallel": 0}, "tensor_parallel must be positive"),
+        ({"tensor_parallel": 2, "parallel_local_ranks": 3}, "parallel_local_ranks"),
+        ({"tensor_parallel": 4, "parallel_local_ranks": 2}, "fixed parallel_master_port"),
+        ({"parallel_timeout_s": 0}, "must be positive"),
+    ],
+)
+def test_parallel_settings_are_checked(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**settings)
+
+
+def test_widths_that_do_not_split_are_refused_before_any_rank_starts(tiny_dir: Path) -> None:
+    from backend.parallel.cluster import start_parallel_model
+
+    config = EngineConfig(tensor_parallel=3, device="cpu", cache_memory_bytes=2 << 20)
+    with pytest.raises(ValueError, match="num_attention_heads 4 does not split over"):
+        start_parallel_model(tiny_dir, config)
