@@ -54,7 +54,7 @@ class RankGroup:
         # the backend object itself (its collectives take a per-call timeout; the type stubs
         # do not list them)
         self._pg: Any = dist.ProcessGroupGloo(
-            dist.PrefixStore("engine", store), rank, world, timedelta(seconds=timeout_s)
+            dist.PrefixStore("engine", store), rank, world, self.join_timeout
         )
         self.bytes_sent = 0  # payload bytes this rank put into collectives (for benchmarks)
         self.seconds = 0.0  # seconds spent inside collectives (for benchmarks)

@@ -91,7 +91,8 @@ async def test_hung_rank_times_out_and_is_named(
     stopped = worker_pids()[1]
     try:
         error, _, seconds = await _fail_mid_stream(engine, signal.SIGSTOP, TIMEOUT_S)
-        assert seconds >= TIMEOUT_S * 0.9  # it waited for the timeout, and then not forever
+        # it waited for the collective's timeout, not the start-up one (parallel_config: 120 s)
+        assert TIMEOUT_S * 0.9 <= seconds < TIMEOUT_S + 20
         await _wait_down(engine, 30)
         assert "rank 1 stopped responding" in caplog.text
         assert "rank 1 stopped responding" in str(error.__cause__)
