@@ -140,6 +140,10 @@ def test_four_ranks_expert_parallel_greedy_equals_one_device(
             )
             assert greedy_tokens(engine, prompts, GREEDY) == single, overrides
         assert len(model.model.layers[1].mlp.experts) == 2  # 8 routed experts over 4 ranks
+        prompt = random_prompts(1, 29, 29, seed=37)["req-0"]
+        ours, theirs = _logits_by_step(model, prompt, 9), _logits_by_step(tiny_model, prompt, 9)
+        for got, want in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(got, want, atol=LOGITS_ATOL, rtol=0)
     finally:
         model.close()
 
