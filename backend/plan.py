@@ -1,13 +1,15 @@
 """What a model needs per GPU before you try to serve it.
 
-``python -m backend.plan --model DIR-or-config.json --gpus N --gpu-memory-gb 141``
+``python -m backend.plan --model DIR-or-config.json --gpus N [--nodes M] --gpu-memory-gb 141``
 
 Prints the weights by precision (FP8 resident, or dequantized at load), the latent cache per
 token, the activations of one step at the batch token budget, and how many tokens of latent
 cache fit in what is left of each GPU. Weights are assumed sharded evenly over the GPUs (tensor
 and expert parallelism); MLA's latent is shared by all heads, so under tensor parallelism every
 GPU caches every token's latent and the tokens that fit one GPU are also the node's total.
-Sizes in decimal GB (10^9 bytes).
+Over more than one GPU it also recommends the parallel engine's layout (``backend.parallel``):
+the settings, the weights each GPU holds under it, the latent-cache tokens left per GPU and the
+bytes a GPU sends per decode step. Sizes in decimal GB (10^9 bytes).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from backend.engine.engine_config import EngineConfig
 from backend.model.config import ConfigError, ModelConfig
 from backend.model.dtypes import DTYPE_NAMES, torch_dtype
 from backend.model.footprint import WeightBytes, activation_bytes_per_token, weight_bytes
+from backend.parallel.sizing import format_advice, recommend
 
 GB = 1e9
 _DEFAULTS = EngineConfig()
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m backend.plan", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--model", required=True, help="checkpoint directory or config.json")
-    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs per node")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes (the layout spans them)")
     parser.add_argument("--gpu-memory-gb", type=float, default=141.0)
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="bfloat16")
     parser.add_argument("--fp8-weights", choices=["resident", "dequantize"], default="resident")
@@ -158,9 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, ValueError) as exc:
         print(f"cannot read {args.model}: {exc}", file=sys.stderr)
         return 2
+    if args.nodes < 1:
+        print("--nodes must be positive", file=sys.stderr)
+        return 2
     plan = make_plan(
         config,
-        gpus=args.gpus,
+        gpus=args.gpus * args.nodes,
         gpu_memory_bytes=int(args.gpu_memory_gb * GB),
         dtype=torch_dtype(args.dtype),
         fp8_resident=args.fp8_weights == "resident",
@@ -170,11 +177,28 @@ def main(argv: list[str] | None = None) -> int:
         block_size=args.block_size,
         reserve_bytes=int(args.reserve_gb * GB),
     )
+    advice = None
+    if args.gpus * args.nodes > 1:
+        advice = recommend(
+            config,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus,
+            gpu_memory_bytes=plan.gpu_memory_bytes,
+            other_bytes=plan.activation_bytes + plan.logits_bytes + plan.reserve_bytes,
+            dtype=torch_dtype(args.dtype),
+            fp8_resident=args.fp8_weights == "resident",
+            include_mtp=not args.no_mtp,
+            block_size=args.block_size,
+        )
+    fits = plan.fits and (advice is None or advice.fits)
     if args.json:
-        print(json.dumps({**asdict(plan), "fits": plan.fits}, indent=2))
+        layout = None if advice is None else {**asdict(advice), "world": advice.world}
+        print(json.dumps({**asdict(plan), "fits": fits, "layout": layout}, indent=2))
     else:
         print(format_plan(plan, args.dtype))
-    return 0 if plan.fits else 1
+        if advice is not None:
+            print(format_advice(advice, config))
+    return 0 if fits else 1
 
 
 if __name__ == "__main__":

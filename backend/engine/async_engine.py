@@ -22,6 +22,7 @@ from backend.engine.blocks import BlockEvent
 from backend.engine.engine_config import EngineConfig
 from backend.engine.interface import (
     EngineClosed,
+    EngineDown,
     EngineError,
     EngineOverloaded,
     EngineStats,
@@ -120,19 +121,28 @@ class AsyncEngine:
     ) -> AsyncEngine:
         """Load the model and generation_config.json; the checkpoint's fingerprint seeds the
         prefix-cache block hashes. Blocking (seconds to minutes): call it off the event loop."""
-        model = load_model(
-            model_dir,
-            dtype=config.torch_dtype,
-            device=config.resolved_device(),
-            fp8_weights=config.fp8_weights,
-        )
-        engine = LLMEngine(
-            model,
-            config,
-            hash_seed=checkpoint_fingerprint(model_dir),
-            generation_defaults=load_generation_config(model_dir),
-            on_block_event=on_block_event,
-        )
+        if config.tensor_parallel > 1:
+            from backend.parallel.cluster import start_parallel_model
+
+            model, _ = start_parallel_model(model_dir, config)
+        else:
+            model = load_model(
+                model_dir,
+                dtype=config.torch_dtype,
+                device=config.resolved_device(),
+                fp8_weights=config.fp8_weights,
+            )
+        try:
+            engine = LLMEngine(
+                model,
+                config,
+                hash_seed=checkpoint_fingerprint(model_dir),
+                generation_defaults=load_generation_config(model_dir),
+                on_block_event=on_block_event,
+            )
+        except BaseException:
+            model.close()
+            raise
         return cls(engine)
 
     @property
@@ -268,6 +278,10 @@ class AsyncEngine:
             with self._cond:
                 self._state = _State.STOPPED
             self._fail_streams(lambda: EngineClosed("the engine has stopped"), None)
+            try:
+                self._engine.close()
+            except Exception:
+                logger.exception("releasing the engine's model failed")
 
     def _loop_once(self) -> bool:
         """Apply queued commands, then run one step if work remains; False to stop."""
@@ -289,6 +303,8 @@ class AsyncEngine:
         if engine.has_unfinished:
             try:
                 deliveries += self._route(engine.step())
+            except EngineDown:
+                raise  # no step can run any more: the thread ends and fails every request
             except Exception as exc:
                 logger.exception("engine step failed; failing its requests")
                 failed = engine.abort_all()

@@ -100,6 +100,33 @@ class EngineConfig:
         "The largest expected batch (running plus waiting) a step still drafts for; unset: "
         "always draft.",
     )
+    tensor_parallel: int = _knob(
+        1,
+        "Ranks the model is split over (attention heads, dense and shared-expert widths, the "
+        "vocabulary); 1: one device, no other process. backend/parallel/ and docs/parallel.md.",
+    )
+    expert_parallel: bool = _knob(
+        False,
+        "With tensor_parallel > 1: each rank holds its share of the routed experts whole and "
+        "tokens travel to them (all-to-all), instead of every expert's width being split.",
+    )
+    parallel_local_ranks: int | None = _knob(
+        None,
+        "Ranks this node runs (0 .. N-1, rank 0 in the gateway process); the others join from "
+        "other nodes with `python -m backend.parallel.worker`. Unset: all of them here.",
+    )
+    parallel_master_addr: str = _knob(
+        "127.0.0.1", "Address of rank 0's rendezvous, as the ranks of other nodes reach it."
+    )
+    parallel_master_port: int = _knob(0, "Port of rank 0's rendezvous; 0: a free one (one node).")
+    parallel_timeout_s: float = _knob(
+        30.0,
+        "Every collective's timeout: a rank that died or hangs fails the step within this, and "
+        "the engine reports itself down instead of hanging.",
+    )
+    parallel_join_timeout_s: float = _knob(
+        600.0, "How long start-up waits for every rank to join and load its slices."
+    )
 
     def __post_init__(self) -> None:
         positive = {
@@ -140,6 +167,20 @@ class EngineConfig:
                 f"max_batch_tokens {self.max_batch_tokens} must cover a decode and its "
                 f"{self.spec_num_tokens} drafts for each of max_num_seqs {self.max_num_seqs}"
             )
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        if self.tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be positive, got {self.tensor_parallel}")
+        local = self.parallel_local_ranks
+        if local is not None and not 1 <= local <= self.tensor_parallel:
+            raise ValueError(f"parallel_local_ranks must be in [1, tensor_parallel], got {local}")
+        if not 0 <= self.parallel_master_port < 65536:
+            raise ValueError(f"parallel_master_port out of range: {self.parallel_master_port}")
+        if local is not None and local < self.tensor_parallel and not self.parallel_master_port:
+            raise ValueError("ranks on other nodes need a fixed parallel_master_port")
+        if self.parallel_timeout_s <= 0 or self.parallel_join_timeout_s <= 0:
+            raise ValueError("parallel_timeout_s and parallel_join_timeout_s must be positive")
 
     @property
     def torch_dtype(self) -> torch.dtype:

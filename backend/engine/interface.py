@@ -32,6 +32,11 @@ class EngineError(RuntimeError):
     """The engine failed while serving the request (the cause is chained)."""
 
 
+class EngineDown(RuntimeError):
+    """The engine can run no more steps (a rank of the parallel engine died or hung): the
+    engine stops, its requests fail, and a restart brings it back."""
+
+
 @dataclass(frozen=True, slots=True)
 class TokenLogprobs:
     """Raw model logprob of the chosen token and the `top_logprobs` best (id, logprob)."""

@@ -173,6 +173,10 @@ class LLMEngine:
         self._last_step_seconds = time.perf_counter() - started
         return outputs
 
+    def close(self) -> None:
+        """Release the model's resources beyond this process (the parallel engine's ranks)."""
+        self.runner.model.close()
+
     def stats(self) -> EngineStats:
         return EngineStats(
             num_waiting=len(self.scheduler.waiting),

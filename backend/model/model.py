@@ -150,3 +150,7 @@ class DeepseekV3ForCausalLM(nn.Module):
         layer = self.model.layers[self.config.num_hidden_layers + depth]
         assert isinstance(layer, MTPLayer)
         return layer.shared_head.head(hidden).float()
+
+    def close(self) -> None:
+        """Release what the model holds beyond this process: nothing on one device (the
+        parallel engine's rank 0 stops its worker ranks)."""

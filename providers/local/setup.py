@@ -94,6 +94,8 @@ async def load_local_provider(
         kv_blocks=stats.num_total_blocks,
         block_size=engine.block_size,
         max_model_len=engine.max_model_len,
+        tensor_parallel=config.tensor_parallel,
+        expert_parallel=config.expert_parallel,
     )
     try:
         async with AsyncExitStack() as stack:

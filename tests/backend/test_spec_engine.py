@@ -3,7 +3,6 @@ sampled distribution kept, and no block lost whatever happens mid-speculation.""
 
 from __future__ import annotations
 
-import math
 import random
 from collections import Counter
 from dataclasses import replace
@@ -26,6 +25,7 @@ from tests.support.engine import (
     run_all,
     tokens_of,
 )
+from tests.support.statistics import chi2_quantile
 
 
 def spec_config(num_tokens: int, **overrides: Any) -> Any:
@@ -259,22 +259,4 @@ def test_sampled_speculation_keeps_the_target_distribution(
     statistic = sum(
         (counts[pair] - num_samples * p) ** 2 / (num_samples * p) for pair, p in expected.items()
     )
-    assert statistic < _chi2_quantile(len(expected) - 1, 1e-4), (statistic, counts, expected)
-
-
-def _chi2_quantile(dof: int, tail: float) -> float:
-    """Upper `tail` quantile of chi-square with `dof` degrees of freedom (Wilson-Hilferty)."""
-    z = _normal_upper_quantile(tail)
-    h = 2 / (9 * dof)
-    return dof * (1 - h + z * math.sqrt(h)) ** 3
-
-
-def _normal_upper_quantile(tail: float) -> float:
-    low, high = 0.0, 10.0
-    for _ in range(100):
-        mid = (low + high) / 2
-        if 0.5 * math.erfc(mid / math.sqrt(2)) > tail:
-            low = mid
-        else:
-            high = mid
-    return low
+    assert statistic < chi2_quantile(len(expected) - 1, 1e-4), (statistic, counts, expected)

@@ -1,0 +1,235 @@
+"""The sharded network and the per-step protocol between rank 0 and the worker ranks.
+
+Rank 0's runner and drafter call the model as on one device. Each entry point (``forward``,
+``compute_logits``, ``mtp_forward``) first sends the worker ranks one command: a 3-value header
+[kind, plan length, hidden rows], the plan (the step's token ids, positions, slots, new tokens
+and context per sequence, block tables: one int64 tensor) and, where the workers cannot know
+them, the hidden rows [N, D] the call reads (the rows that sample; a chained draft's input).
+Then every rank runs the same forward over its shard; the collectives inside the layers keep
+them in step. Workers answer nothing: the logits come back to rank 0 in the output head's
+gather. A collective that fails or times out raises ``RankFailure``; rank 0 names the ranks
+that stopped (``on_failure``) and the engine goes down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from backend.model.cache import ForwardBatch, PagedLatentCache
+from backend.model.config import ModelConfig
+from backend.model.layers import Linear
+from backend.model.model import DecoderLayer, DeepseekV3ForCausalLM, MTPLayer
+from backend.parallel.group import RankFailure, RankGroup
+from backend.parallel.layers import (
+    ParallelMLA,
+    ParallelMoE,
+    ParallelSwiGLU,
+    VocabParallelEmbedding,
+    local_heads_config,
+)
+from backend.parallel.layout import Layout
+
+logger = logging.getLogger(__name__)
+
+FORWARD, LOGITS, MTP, SHUTDOWN = 1, 2, 3, 4
+_LAST_HIDDEN = -1  # hidden rows header: the MTP input is the last forward's output
+
+
+class ShardedCausalLM(DeepseekV3ForCausalLM):
+    """``DeepseekV3ForCausalLM`` with this rank's shard of every layer. ``config`` stays the
+    whole model's (the runner sizes the cache and the vocabulary from it)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layout: Layout,
+        group: RankGroup,
+        *,
+        dtype: torch.dtype = torch.float32,
+        include_mtp: bool = True,
+    ) -> None:
+        super().__init__(config, dtype=dtype, include_mtp=include_mtp)
+        layout.check(config)
+        self.layout = layout
+        self.group = group
+        self.on_failure: Callable[[RankFailure], RankFailure] | None = None
+        self.on_close: Callable[[], None] | None = None  # rank 0: stop the local workers
+        self._last_hidden: Tensor | None = None
+        dim = config.hidden_size
+        start, stop = layout.vocab_range(config.vocab_size)
+        share = layout.vocab_share(config.vocab_size)
+        self.model.embed_tokens = VocabParallelEmbedding(share, dim, start, dtype, group)  # type: ignore[assignment]
+        self.vocab_rows = stop - start  # real rows of the local share (the rest is padding)
+        self.lm_head = Linear(dim, share, bias=False, dtype=dtype)
+        heads = local_heads_config(config, layout)
+        for index, layer in enumerate(self.model.layers):
+            assert isinstance(layer, DecoderLayer)
+            layer.self_attn = ParallelMLA(heads, dtype, group)
+            if config.is_moe_layer(index):
+                layer.mlp = ParallelMoE(config, dtype, group, layout)
+            else:
+                hidden = config.intermediate_size // layout.world
+                layer.mlp = ParallelSwiGLU(dim, hidden, dtype, group)
+            if isinstance(layer, MTPLayer) and layout.rank != 0:
+                head = Linear(dim, 1, bias=False, dtype=dtype)  # then no rows: only rank 0 drafts
+                head.weight = nn.Parameter(torch.empty(0, dim, dtype=dtype))
+                head.out_features = 0
+                layer.shared_head.head = head
+
+    # Rank 0 sends each call to the workers first.
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: PagedLatentCache) -> Tensor:
+        self._send(FORWARD, batch, None)
+        hidden = self._guard(lambda: DeepseekV3ForCausalLM.forward(self, batch, cache))
+        self._last_hidden = hidden
+        return hidden
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """[N, D] -> [N, vocab] fp32 at rank 0 (the vocabulary shares gathered); workers get
+        an empty tensor."""
+        self._send(LOGITS, None, hidden)
+        return self._guard(lambda: self._gather_logits(hidden))
+
+    def _gather_logits(self, hidden: Tensor) -> Tensor:
+        local = self.lm_head(hidden).float()  # [N, share]
+        parts = self.group.gather_to_root(local)
+        if parts is None:
+            return local.new_empty(0)
+        return torch.cat(parts, dim=-1)[:, : self.config.vocab_size]
+
+    @torch.inference_mode()
+    def mtp_forward(
+        self, batch: ForwardBatch, cache: PagedLatentCache, previous_hidden: Tensor, depth: int = 0
+    ) -> Tensor:
+        if depth:
+            raise ValueError("the parallel engine runs one MTP layer")
+        self._send(MTP, batch, previous_hidden)
+        return self._guard(
+            lambda: DeepseekV3ForCausalLM.mtp_forward(self, batch, cache, previous_hidden)
+        )
+
+    def close(self) -> None:
+        """Rank 0: tell the workers to exit, then drop the group (best effort: a failed
+        group is dropped all the same)."""
+        if self.group.is_root and not self.group.broken:
+            try:
+                self.group.broadcast(torch.tensor([SHUTDOWN, 0, 0], dtype=torch.long))
+            except RankFailure as exc:
+                logger.warning("parallel engine shutdown: %s", exc)
+        self.group.shutdown()
+        if self.on_close is not None:
+            self.on_close()
+
+    def _guard(self, call: Callable[[], Tensor]) -> Tensor:
+        try:
+            return call()
+        except RankFailure as exc:
+            if self.group.is_root and self.on_failure is not None:
+                raise self.on_failure(exc) from exc
+            raise
+
+    def _send(self, kind: int, batch: ForwardBatch | None, hidden: Tensor | None) -> None:
+        """Rank 0: the command header, the plan and the hidden rows the workers need."""
+        if not self.group.is_root or self.layout.world == 1:
+            return
+        plan = encode_plan(batch) if batch is not None else None
+        rows = 0
+        if hidden is not None:
+            rows = _LAST_HIDDEN if hidden is self._last_hidden else int(hidden.shape[0])
+        header = torch.tensor([kind, 0 if plan is None else plan.numel(), rows], dtype=torch.long)
+
+        def send() -> Tensor:
+            self.group.broadcast(header)
+            if plan is not None:
+                self.group.broadcast(plan)
+            if hidden is not None and rows != _LAST_HIDDEN:
+                self.group.broadcast(hidden.contiguous())
+            return header
+
+        self._guard(send)
+
+    # Worker ranks.
+
+    @torch.inference_mode()
+    def serve(self, cache: PagedLatentCache) -> None:
+        """A worker's loop: run each of rank 0's commands until SHUTDOWN. Raises RankFailure
+        when the group fails (rank 0 gone, or a collective timed out)."""
+        group = self.group
+        dim, dtype = self.config.hidden_size, self.dtype
+        while True:
+            header = group.broadcast(torch.zeros(3, dtype=torch.long), idle=True)
+            kind, plan_len, rows = header.tolist()
+            if kind == SHUTDOWN:
+                return
+            batch = None
+            if plan_len:
+                batch = decode_plan(group.broadcast(torch.empty(plan_len, dtype=torch.long)))
+            hidden = None
+            if rows > 0:
+                hidden = group.broadcast(torch.empty(rows, dim, dtype=dtype))
+            elif rows == _LAST_HIDDEN:
+                hidden = self._last_hidden
+            if kind == FORWARD and batch is not None:
+                self.forward(batch, cache)
+            elif kind == LOGITS and hidden is not None:
+                self.compute_logits(hidden)
+            elif kind == MTP and batch is not None and hidden is not None:
+                self.mtp_forward(batch, cache, hidden)
+            else:
+                raise RankFailure(f"rank {group.rank}: malformed command {header.tolist()}")
+
+
+def encode_plan(batch: ForwardBatch) -> Tensor:
+    """One int64 tensor: [T, S, ids(T), positions(T), slots(T), seq_lens_q(S), context_lens(S),
+    table lengths(S), the tables back to back]."""
+    tables = batch.block_tables
+    head = [batch.num_tokens, batch.num_seqs]
+    lists = [
+        batch.seq_lens_q,
+        batch.context_lens,
+        [len(t) for t in tables],
+        [b for t in tables for b in t],
+    ]
+    flat = torch.tensor(head + [v for part in lists for v in part], dtype=torch.long)
+    tensors = (batch.input_ids.cpu(), batch.positions.cpu(), batch.slot_mapping.cpu())
+    return torch.cat((flat[:2], *tensors, flat[2:]))
+
+
+def decode_plan(plan: Tensor, device: torch.device | str = "cpu") -> ForwardBatch:
+    """``encode_plan``'s inverse."""
+    num_tokens, num_seqs = plan[:2].tolist()
+    at = 2
+    ids, positions, slots = (
+        plan[at + i * num_tokens : at + (i + 1) * num_tokens] for i in range(3)
+    )
+    at += 3 * num_tokens
+    rest = plan[at:].tolist()
+    seq_lens_q = rest[:num_seqs]
+    context_lens = rest[num_seqs : 2 * num_seqs]
+    table_lens = rest[2 * num_seqs : 3 * num_seqs]
+    flat_tables = rest[3 * num_seqs :]
+    tables: list[list[int]] = []
+    offset = 0
+    for length in table_lens:
+        tables.append(flat_tables[offset : offset + length])
+        offset += length
+    return ForwardBatch(
+        input_ids=ids.to(device),
+        positions=positions.to(device),
+        seq_lens_q=seq_lens_q,
+        context_lens=context_lens,
+        block_tables=tables,
+        slot_mapping=slots.to(device),
+    )
+
+
+def num_parameters_bytes(module: nn.Module) -> int:
+    """Bytes of a module's parameters and buffers."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)

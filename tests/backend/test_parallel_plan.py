@@ -1,0 +1,109 @@
+"""``python -m backend.plan`` over several GPUs: the recommended layout for DeepSeek-V3.1 on
+8 x H200 (fits), 8 x H100 (does not) and 2 x 8 x H100 (fits), and its weights per GPU counted
+as the parallel loader slices them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from backend.demo_checkpoint import demo_config
+from backend.engine.engine_config import EngineConfig
+from backend.model.config import ModelConfig
+from backend.parallel.layout import Layout
+from backend.parallel.sizing import decode_step_bytes, rank_weight_bytes
+from backend.plan import GB, main
+from tests.support.plan import V31
+
+
+@pytest.fixture(scope="module")
+def v31(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("v31-layout") / "config.json"
+    path.write_text(json.dumps(demo_config("tiny", V31)))
+    return path
+
+
+def _layout(
+    v31: Path, capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[int, dict[str, Any]]:
+    code = main(["--model", str(v31), "--json", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_v31_layouts(v31: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, h200 = _layout(v31, capsys, "--gpus", "8", "--gpu-memory-gb", "141")
+    layout = h200["layout"]
+    assert code == 0 and h200["fits"] and layout["expert_parallel"] and layout["world"] == 8
+    # 686.6 GB over 8 plus what every rank holds whole (latent projections, router, norms,
+    # MTP's eh_proj) and rank 0's MTP head: about 88.6 GB on rank 0
+    assert 85.8 * GB < layout["worker_weight_bytes"] < layout["root_weight_bytes"] < 90 * GB
+    assert layout["cache_tokens"] > 600_000
+    code, h100 = _layout(v31, capsys, "--gpus", "8", "--gpu-memory-gb", "80")
+    assert code == 1 and not h100["fits"] and h100["layout"]["cache_tokens"] == 0
+    code, two = _layout(v31, capsys, "--gpus", "8", "--nodes", "2", "--gpu-memory-gb", "80")
+    assert code == 0 and two["layout"]["world"] == 16 and two["layout"]["cache_tokens"] > 400_000
+    main(["--model", str(v31), "--gpus", "8", "--nodes", "2", "--gpu-memory-gb", "80"])
+    text = capsys.readouterr().out
+    assert "tensor_parallel = 16, expert_parallel = true, parallel_local_ranks = 8" in text
+    assert "across nodes" in text and "layout fits" in text
+
+
+def test_decode_step_bytes_by_hand(v31: Path) -> None:
+    config = ModelConfig.from_file(v31)
+    step = decode_step_bytes(config, 8, expert_parallel=True, num_seqs=1, rank=1)
+    row = 7168 * 2  # one token's hidden state in bf16
+    assert step.all_reduce == (1 + 2 * 61) * (2 * 7 * row // 8)
+    pairs = 8 / 8 * 7 / 8  # one token's 8 experts, dispatched by one of 8 ranks, 7/8 remote
+    assert step.all_to_all == round(58 * (7 * 8 + pairs * (2 * row + 8)))
+    assert step.logits == -(-129280 // 8) * 4 and step.plan == 0
+
+
+def test_weights_per_rank_sum_to_the_model() -> None:
+    # over ranks, the sliced tensors add up to the whole; the replicated ones count per rank
+    tiny = ModelConfig.from_dict(demo_config("tiny"))
+    total = sum(
+        rank_weight_bytes(tiny, Layout(r, 2, True), dtype=torch.float32, include_mtp=False)
+        for r in range(2)
+    )
+    one = rank_weight_bytes(tiny, Layout(0, 1), dtype=torch.float32, include_mtp=False)
+    mla = tiny.mla
+    replicated = 4 * (
+        tiny.num_hidden_layers
+        * (
+            tiny.hidden_size * (mla.q_lora_rank or 0)  # q_a_proj
+            + (mla.q_lora_rank or 0)  # q_a_layernorm
+            + tiny.hidden_size * mla.latent_dim  # kv_a_proj_with_mqa
+            + mla.kv_lora_rank  # kv_a_layernorm
+            + 2 * tiny.hidden_size  # the two layer norms
+        )
+        + (tiny.num_hidden_layers - tiny.moe.first_k_dense_replace)
+        * (tiny.moe.n_routed_experts * (tiny.hidden_size + 1))  # router weight and bias
+        + tiny.hidden_size  # final norm
+    )
+    assert total == one + replicated
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"tensor_parallel": 0}, "tensor_parallel must be positive"),
+        ({"tensor_parallel": 2, "parallel_local_ranks": 3}, "parallel_local_ranks"),
+        ({"tensor_parallel": 4, "parallel_local_ranks": 2}, "fixed parallel_master_port"),
+        ({"parallel_timeout_s": 0}, "must be positive"),
+    ],
+)
+def test_parallel_settings_are_checked(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**settings)
+
+
+def test_widths_that_do_not_split_are_refused_before_any_rank_starts(tiny_dir: Path) -> None:
+    from backend.parallel.cluster import start_parallel_model
+
+    config = EngineConfig(tensor_parallel=3, device="cpu", cache_memory_bytes=2 << 20)
+    with pytest.raises(ValueError, match="num_attention_heads 4 does not split over"):
+        start_parallel_model(tiny_dir, config)

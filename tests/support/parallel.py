@@ -1,0 +1,64 @@
+"""Shared pieces of the parallel-engine tests: configs, worker processes, engine runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from backend.engine.engine_config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from tests.support.engine import engine_config, run_all, tokens_of
+
+
+def parallel_config(world: int, **overrides: Any) -> EngineConfig:
+    """``engine_config`` (same pool) over ``world`` ranks, one thread per worker."""
+    settings: dict[str, Any] = {
+        "tensor_parallel": world,
+        "num_threads": 1,
+        "parallel_timeout_s": 60.0,
+        "parallel_join_timeout_s": 120.0,
+    }
+    settings.update(overrides)
+    return engine_config(**settings)
+
+
+def worker_pids() -> dict[int, int]:
+    """Rank -> pid of this process's worker ranks (``backend.parallel.worker`` children)."""
+    me = str(os.getpid())
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent = stat.rsplit(")", 1)[1].split()[1]
+        if parent != me or b"backend.parallel.worker" not in argv:
+            continue
+        found[int(argv[argv.index(b"--rank") + 1])] = int(entry.name)
+    return found
+
+
+def greedy_tokens(
+    engine: LLMEngine, prompts: dict[str, list[int]], params: SamplingParams
+) -> dict[str, list[int]]:
+    outputs = run_all(engine, [(rid, prompt, params) for rid, prompt in prompts.items()])
+    return {rid: tokens_of(out) for rid, out in outputs.items()}
+
+
+def one_by_one(
+    engine: LLMEngine, prompts: dict[str, list[int]], params: SamplingParams
+) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Each request run to completion before the next (so later ones hit the prefix cache):
+    tokens and cached prompt tokens per request."""
+    tokens: dict[str, list[int]] = {}
+    cached: dict[str, int] = {}
+    for rid, prompt in prompts.items():
+        outputs = run_all(engine, [(rid, prompt, params)])[rid]
+        tokens[rid] = tokens_of(outputs)
+        cached[rid] = outputs[-1].num_cached_tokens
+    return tokens, cached
