@@ -25,7 +25,7 @@ from backend.engine.block_hash import HASH_SIZE
 from gateway.cluster.events import MalformedBatch, decode_batch
 from gateway.cluster.index import Applied, PrefixIndex
 from gateway.cluster.keys import ClusterKeys, NodeRecord
-from gateway.cluster.membership import PeerView
+from gateway.cluster.peers import PeerView
 from gateway.cluster.scoring import NodeLoad
 from gateway.config.cluster import ClusterSettings
 

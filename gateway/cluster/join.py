@@ -11,7 +11,6 @@ import aiohttp
 import structlog
 from redis.asyncio import Redis
 
-from backend.engine.async_engine import AsyncEngine
 from backend.engine.block_hash import root_hash
 from gateway.cluster.follower import IndexFollower
 from gateway.cluster.index import PrefixIndex
@@ -20,6 +19,7 @@ from gateway.cluster.node import ClusterNode
 from gateway.cluster.placer import ClusterPlacer
 from gateway.cluster.publisher import BlockPublisher
 from gateway.cluster.scoring import NodeLoad
+from providers.local.engine_client import ServedEngine
 
 log = structlog.get_logger("gateway.cluster")
 
@@ -27,7 +27,7 @@ log = structlog.get_logger("gateway.cluster")
 @asynccontextmanager
 async def join_cluster(
     node: ClusterNode,
-    engine: AsyncEngine,
+    engine: ServedEngine,
     redis: Redis,
     keys: ClusterKeys,
     session: aiohttp.ClientSession,
@@ -95,6 +95,20 @@ async def join_cluster(
         await publisher.close()
         await placer.aclose()
         log.info("cluster_left", node=node.node_id)
+
+
+@asynccontextmanager
+async def serve_engine(node: ClusterNode, engine: ServedEngine) -> AsyncIterator[ClusterPlacer]:
+    """`node` serving `engine`: its blocks published, everyone's followed, prompts placed,
+    until exit (the local provider's `open_placer`)."""
+    if node.engine is not None:
+        raise RuntimeError("a cluster node serves one local engine")
+    async with join_cluster(node, engine, node.redis, node.keys, node.session) as placer:
+        node.engine, node.placer = engine, placer
+        try:
+            yield placer
+        finally:
+            node.engine = node.placer = None
 
 
 async def _sweep(placer: ClusterPlacer, every_s: float) -> None:

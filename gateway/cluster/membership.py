@@ -13,47 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from plumbing.record import record
-
-if TYPE_CHECKING:
-    from gateway.cluster.node import ClusterNode
-
-
-@record
-class PeerView:
-    node: str
-    url: str = ""
-    live: bool = False
-    compatible: bool = False
-    incompatible: str = ""  # why not, in words ("block size 32 there, 16 here")
-    left_out: bool = False
-    waiting: int = 0
-    running_tokens: int = 0
-    free_blocks: int = 0
-    total_blocks: int = 0
-    cached_blocks: int = 0  # in this node's prefix index (compatible peers only)
-
-    def as_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"node": self.node, "live": self.live}
-        if not self.live:
-            return body
-        body.update(url=self.url, compatible=self.compatible, left_out=self.left_out)
-        if self.incompatible:
-            body["incompatible"] = self.incompatible
-        body.update(
-            waiting=self.waiting,
-            running_tokens=self.running_tokens,
-            free_blocks=self.free_blocks,
-            total_blocks=self.total_blocks,
-            cached_blocks=self.cached_blocks,
-        )
-        return body
+from gateway.cluster.node import ClusterNode
+from gateway.cluster.peers import PeerView
 
 
 def peer_views(node: ClusterNode) -> list[PeerView]:

@@ -6,24 +6,22 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
 
 import aiohttp
 from redis.asyncio import Redis
 
 from gateway.cluster.keys import ClusterKeys
+from gateway.cluster.placer import ClusterPlacer
 from gateway.cluster.publisher import BlockEventBuffer
 from gateway.config.cluster import ClusterSettings
 from gateway.config.settings import Settings
-
-if TYPE_CHECKING:
-    from backend.engine.async_engine import AsyncEngine
-    from gateway.cluster.placer import ClusterPlacer
+from providers.local.engine_client import ServedEngine
 
 
 class ClusterNode:
-    """Opened by the app when `cluster.enabled`; `serve_engine` joins with the local engine.
-    The engine's block events go to `buffer.push` (pass it as the engine's `on_block_event`)."""
+    """Opened by the app when `cluster.enabled`; `gateway.cluster.join.serve_engine` joins it
+    with the local engine. The engine's block events go to `buffer.push` (pass it as the
+    engine's `on_block_event`)."""
 
     unix_only = False  # peers reach the internal endpoint over TCP
 
@@ -35,27 +33,11 @@ class ClusterNode:
         self.settings: ClusterSettings = cluster
         self.secret = cluster.secret.get_secret_value() if cluster.secret else ""
         self.buffer = BlockEventBuffer()
-        self.engine: AsyncEngine | None = None
+        self.engine: ServedEngine | None = None  # set while gateway/cluster/join.py serves one
         self.placer: ClusterPlacer | None = None
-        self._redis = redis
-        self._keys = ClusterKeys(settings.redis.key_prefix)
-        self._session = session
-
-    @asynccontextmanager
-    async def serve_engine(self, engine: AsyncEngine) -> AsyncIterator[ClusterPlacer]:
-        """Publish the engine's blocks, follow everyone's, and place prompts, until exit."""
-        if self.engine is not None:
-            raise RuntimeError("a cluster node serves one local engine")
-        # Imported here: the placer reaches engines (torch), which an upstream-only gateway
-        # never loads.
-        from gateway.cluster.join import join_cluster
-
-        async with join_cluster(self, engine, self._redis, self._keys, self._session) as placer:
-            self.engine, self.placer = engine, placer
-            try:
-                yield placer
-            finally:
-                self.engine = self.placer = None
+        self.redis = redis
+        self.keys = ClusterKeys(settings.redis.key_prefix)
+        self.session = session
 
 
 @asynccontextmanager

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 
+from gateway.cluster.join import serve_engine
 from gateway.cluster.node import ClusterNode
 from gateway.config.settings import EngineSettings
 from gateway.observability.engine_metrics import register_engine_metrics
@@ -29,7 +31,7 @@ async def open_embedded_engine(
                 demo_dir=engine.demo_dir,
                 demo_preset=engine.demo_preset,
                 on_block_event=cluster.buffer.push if cluster else None,
-                open_placer=cluster.serve_engine if cluster else None,
+                open_placer=partial(serve_engine, cluster) if cluster else None,
             )
         )
         stack.callback(register_engine_metrics(metrics.registry, name, local.engine_stats))

@@ -24,16 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import httptools
 
+from plumbing.busy_wait import BusyWait
 from plumbing.record import record
-from plumbing.turn_writes import TurnWrites
+from plumbing.turn_writes import TurnWrites, WriteTurn
 from providers.transport.http1_decode import DecodeError, Decoder, decoder_for
-
-if TYPE_CHECKING:
-    from providers.transport.http1 import Http1Pool
 
 # Stop reading from the socket while this much body is buffered and unread.
 _HIGH_WATER = 1 << 20
@@ -120,10 +118,28 @@ class Http1Response:
         self._conn.release()
 
 
+class ConnectionPool(Protocol):
+    """What a connection needs of the pool it belongs to (`providers.transport.http1.Http1Pool`)."""
+
+    loop: asyncio.AbstractEventLoop
+    limits: AnswerLimits
+    turn: WriteTurn  # the pool's connections' writes, by loop turn
+    keepalive_s: float  # TCP keepalive's idle time (0: off)
+    busy: BusyWait
+
+    def give_back(self, conn: Connection) -> None:
+        """`conn` read its answer to the end and may serve the next request."""
+        ...
+
+    def forget(self, conn: Connection) -> None:
+        """`conn` is closed: it leaves the pool."""
+        ...
+
+
 class Connection(asyncio.Protocol):
     """One TCP (or TLS) connection and the answer being read on it."""
 
-    def __init__(self, pool: Http1Pool) -> None:
+    def __init__(self, pool: ConnectionPool) -> None:
         self._pool = pool
         self._loop = pool.loop
         self._limits = pool.limits
