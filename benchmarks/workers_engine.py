@@ -81,7 +81,7 @@ cache_memory_mb = 16
 max_num_seqs = 64
 max_batch_tokens = 2048
 num_threads = 1
-[providers.local.provider]
+[providers.local]
 kind = "local"
 [models."bench"]
 routes = [{{ provider = "local", model = "deepseek-v3.1", thinking = false }}]

@@ -7,7 +7,7 @@ encodes a stream of `Event`s; every provider (upstream HTTP, the local engine) c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
 from plumbing.record import record
@@ -160,17 +160,6 @@ class EngineFit:
         return self.peer_waiting + 1 if self.peer_waiting else 0
 
 
-@dataclass(slots=True)
-class RouteTrace:
-    """What the serving provider decided, e.g. the cluster node that ran the prompt
-    (`placement`: "node=b; prefix=12/14; via=forward"), for the route explanation."""
-
-    placement: str | None = None
-    # Set by the gateway before the call: the index of the account (of a provider with
-    # several) that the request goes to; None: the provider picks by the conversation.
-    account: int | None = None
-
-
 @record
 class ChatRequest:
     """A normalized chat request.
@@ -201,11 +190,21 @@ class ChatRequest:
     # The prompt as the serving provider prepared it (None: the provider prepares it itself).
     prepared: PreparedPrompt | None = None
     anthropic_body: dict[str, Any] | None = None
-    # Filled in by the provider that serves the request, for the route explanation.
-    trace: RouteTrace = field(default_factory=lambda: RouteTrace())
+    # Set by the gateway: the index of the account (of a provider with several) the request
+    # goes to; None: the provider picks by the conversation.
+    account: int | None = None
 
 
 # ---- events a provider yields, in order -------------------------------------------------------
+
+
+@record
+class Placed:
+    """Where the provider is sending the request, for the route explanation ("node=b;
+    prefix=12/14; via=forward", "account=2/3"). Only before any other event; a later one
+    replaces an earlier one (a forward that fell back to this node)."""
+
+    placement: str
 
 
 @record
@@ -275,4 +274,4 @@ class Finish:
     stop_sequence: str | None = None
 
 
-Event = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish
+Event = Placed | TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish

@@ -85,7 +85,7 @@ def node_sections(
             "liveness_ttl_s": 4.0,
             **(cluster or {}),
         },
-        "providers.local.provider": {"kind": "local"},
+        "providers.local": {"kind": "local"},
     }
 
 

@@ -34,7 +34,6 @@ from providers.local.remote_engine import (
     RemoteEngine,
     split_base,
 )
-from providers.types import RouteTrace
 
 log = structlog.get_logger("gateway.cluster.placer")
 
@@ -125,25 +124,27 @@ class ClusterPlacer:
         return [n for n in holders if n != self._node] if self._node in holders else holders
 
     def place(
-        self, prompt_ids: Sequence[int], block_hashes: Sequence[bytes], trace: RouteTrace
-    ) -> EngineClient:
+        self,
+        prompt_ids: Sequence[int],
+        block_hashes: Sequence[bytes],
+        on_fallback: Callable[[str], None],
+    ) -> tuple[EngineClient, str]:
         placement = self.decide(len(prompt_ids), block_hashes)
-        trace.placement = str(placement)
         if placement.local:
-            return self._local
+            return self._local, str(placement)
+        fell_back = f"node={self._node}; via=fallback; tried={placement.node_id}"
         record = self._follower.live(time.monotonic()).get(placement.node_id)
         if record is None:  # gone between scoring and now
-            trace.placement = f"node={self._node}; via=fallback; tried={placement.node_id}"
-            return self._local
+            return self._local, fell_back
 
         def unreachable(why: Exception) -> None:
             self._suspect(placement.node_id)
-            trace.placement = f"node={self._node}; via=fallback; tried={placement.node_id}"
+            on_fallback(fell_back)
             log.warning("cluster_forward_fell_back", peer=placement.node_id, error=str(why))
 
         session, root = self._session_for(record.url)
         remote = RemoteEngine(session, root, self._secret, self._deadlines)
-        return _Forwarded(remote, self._local, unreachable)
+        return _Forwarded(remote, self._local, unreachable), str(placement)
 
     async def aclose(self) -> None:
         for session in self._unix_sessions.values():

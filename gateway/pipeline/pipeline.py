@@ -46,7 +46,7 @@ from gateway.server.sse_stream import EventStreamResponse, KeepAlive, KeptAliveS
 from gateway.wire.base import Wire
 from plumbing import jsoncodec
 from providers import errors as perr
-from providers.types import ChatRequest, Event, ReasoningDelta, RouteTrace, Sampling, Usage
+from providers.types import ChatRequest, Event, Placed, ReasoningDelta, Sampling, Usage
 from providers.upstream.affinity import conversation_key, rank
 
 log = structlog.get_logger("gateway.pipeline.pipeline")
@@ -287,17 +287,19 @@ class Pipeline:
             model=route.model,
             thinking=decision.thinking_for(route),
             sampling=sampling,
-            trace=RouteTrace(account=account),  # each attempt reports its own placement
+            account=account,
         )
         breakers = self.breakers
         events = route.provider.chat(req)
-        watch_placement(request, req)
         try:
             first = await anext(events)
+            while isinstance(first, Placed):  # before the answer: where it is being served
+                watch_placement(request, first.placement)
+                first = await anext(events)
         except StopAsyncIteration:
             breakers.success(key)
             self._opened(decision, route, tally, key)
-            note_placement(request, req)
+            note_placement(request)
             return empty()
         except perr.ProviderError as exc:
             await events.aclose()
@@ -328,7 +330,7 @@ class Pipeline:
             raise
         breakers.success(key)
         self._opened(decision, route, tally, key)
-        note_placement(request, req)
+        note_placement(request)
         if decision.reason == "policy:off":
             events = without_reasoning(events)
             if isinstance(first, ReasoningDelta):

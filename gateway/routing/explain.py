@@ -13,7 +13,7 @@ Reasons: policy:off, policy:on, client, route, default, rule:<name>@<version>, s
 `cached`, `kept` and `overflow` are an auto model's local-or-upstream choice (local_first.py):
 how many of the prompt's leading tokens the local engine held in its prefix cache, and why the
 local engine kept the request beyond its queue allowance or passed it over.
-The last fields come from the provider that served the request (`ChatRequest.trace`): the local
+The last fields come from the provider that served the request (its `Placed` events): the local
 engine says which cluster node ran the prompt and how much of it was cached there; an upstream
 with several accounts says which one the conversation keeps to. A provider reports them as soon as
 it decides (before it sends the request on), so stream headers that go out before the first
@@ -27,12 +27,12 @@ from aiohttp import web
 
 from gateway.routing.aliases import Route
 from gateway.routing.decide import Decision
-from providers.types import ChatRequest, RouteTrace
 
 HEADER = "x-gateway-route"
 ROUTE = web.RequestKey("gateway_route", str)
-# The trace of the route being opened, until its placement is appended to ROUTE.
-TRACE = web.RequestKey("gateway_route_trace", RouteTrace)
+# Where the provider of the route being opened placed the request, until it is appended to
+# ROUTE (its first answer) or dropped (it failed).
+PLACEMENT = web.RequestKey("gateway_route_placement", str)
 
 
 def on_off(thinking: bool | None) -> str:
@@ -60,19 +60,18 @@ def explain(decision: Decision, route: Route, skipped: list[str]) -> str:
     return "; ".join(fields)
 
 
-def watch_placement(request: web.Request, trying: ChatRequest | None) -> None:
-    """The route being opened with `trying` (None: none is): headers sent before its first
-    event carry what its provider reported by then."""
-    if trying is None:
-        request.pop(TRACE, None)
+def watch_placement(request: web.Request, placement: str | None) -> None:
+    """The placement the provider of the route being opened reported (None: that route
+    failed): headers sent before its first answer carry it."""
+    if placement is None:
+        request.pop(PLACEMENT, None)
     else:
-        request[TRACE] = trying.trace
+        request[PLACEMENT] = placement
 
 
-def note_placement(request: web.Request, served: ChatRequest) -> None:
-    """Append what the serving provider reported (where it ran the request) to the route."""
-    request.pop(TRACE, None)
-    placement = served.trace.placement
+def note_placement(request: web.Request) -> None:
+    """The route answered: its placement (if its provider reported one) joins the route."""
+    placement = request.pop(PLACEMENT, None)
     route = request.get(ROUTE)
     if placement and route:
         request[ROUTE] = f"{route}; {placement}"
@@ -82,8 +81,8 @@ async def add_route_header(request: web.Request, response: web.StreamResponse) -
     """on_response_prepare: the request's route (when it got one) on its answer, errors too;
     with the placement of the route still opening, when its provider reported one."""
     value = request.get(ROUTE)
-    trace = request.get(TRACE)
-    if value and trace is not None and trace.placement:
-        value = f"{value}; {trace.placement}"
+    placement = request.get(PLACEMENT)
+    if value and placement:
+        value = f"{value}; {placement}"
     if value:
         response.headers[HEADER] = value

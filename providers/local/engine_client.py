@@ -4,13 +4,13 @@ a peer's over `providers.local.remote_engine.RemoteEngine`, or worker 0's seen f
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
 
 from backend.engine.interface import EngineStats, RequestOutput
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
-from providers.types import EngineFit, RouteTrace
+from providers.types import EngineFit
 
 
 class EngineClient(Protocol):
@@ -52,10 +52,14 @@ class ServedEngine(EngineClient, Protocol):
 
 class EnginePlacer(Protocol):
     def place(
-        self, prompt_ids: Sequence[int], block_hashes: Sequence[bytes], trace: RouteTrace
-    ) -> EngineClient:
-        """The engine to serve `prompt_ids` (whose reusable blocks hash to `block_hashes`);
-        the choice is explained in `trace.placement`."""
+        self,
+        prompt_ids: Sequence[int],
+        block_hashes: Sequence[bytes],
+        on_fallback: Callable[[str], None],
+    ) -> tuple[EngineClient, str]:
+        """The engine to serve `prompt_ids` (whose reusable blocks hash to `block_hashes`) and
+        the choice in words ("node=b; prefix=12/14; via=forward"); should a forward fall back to
+        this node before anything was generated, `on_fallback` is told the new placement."""
         ...
 
     def fit(self, num_tokens: int, block_hashes: Sequence[bytes]) -> EngineFit:

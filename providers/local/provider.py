@@ -42,6 +42,7 @@ from providers.types import (
     Event,
     Finish,
     FinishReason,
+    Placed,
     PreparedPrompt,
     ProviderLoad,
     Tool,
@@ -137,13 +138,19 @@ class LocalProvider:
         )
         request_id = f"{request.request_id or 'local'}-{uuid.uuid4().hex[:12]}"
         engine: EngineClient = self._engine
+        fell_back: list[str] = []  # a forward's placement once it fell back to this node
         if self._placer is not None:
-            engine = self._placer.place(prompt.ids, prompt.block_hashes, request.trace)
+            engine, placement = self._placer.place(
+                prompt.ids, prompt.block_hashes, fell_back.append
+            )
+            yield Placed(placement)
         outputs = engine.generate(request_id, prompt.ids, params)
         num_cached = 0
         engine_reason: str | None = None
         try:
             async for output in outputs:
+                if fell_back:  # before the first output: nothing was generated elsewhere
+                    yield Placed(fell_back.pop())
                 num_cached = output.num_cached_tokens
                 for event in translator.push(output.new_token_ids, output.logprobs):
                     yield event

@@ -46,7 +46,7 @@ from providers.transport.http1 import (
 )
 from providers.transport.read_deadline import ReadDeadline
 from providers.transport.sse import SSEEvent, SSEParser
-from providers.types import ChatRequest, Event
+from providers.types import ChatRequest, Event, Placed
 from providers.upstream.affinity import conversation_key, pick
 from providers.upstream.config import UpstreamConfig
 from providers.upstream.errors import clip, describe, http_error, timeout_error
@@ -171,7 +171,10 @@ class OpenAIUpstream:
         now = asyncio.get_running_loop().time()
         deadline = now + (config.first_byte_timeout_s if streamed else config.answer_timeout_s)
         waiting_for = "first byte" if streamed else "answer"
-        resp = await self._post(url, body, deadline, self._account_headers(request), waiting_for)
+        headers, placement = self._account(request)
+        if placement is not None:
+            yield Placed(placement)
+        resp = await self._post(url, body, deadline, headers, waiting_for)
         reads = ReadDeadline()
         try:  # closing a fully read response leaves its connection in the pool
             if streamed:
@@ -291,16 +294,16 @@ class OpenAIUpstream:
             detail=detail,
         )
 
-    def _account_headers(self, request: ChatRequest) -> Mapping[str, str]:
-        """The conversation's account's key, when there are several (else the session's)."""
+    def _account(self, request: ChatRequest) -> tuple[Mapping[str, str], str | None]:
+        """The headers of the account the request goes to, when there are several (else the
+        session's), and that choice in words ("account=2/3")."""
         accounts = self._config.accounts
         if len(accounts) < 2:
-            return _NO_HEADERS
-        i = request.trace.account
+            return _NO_HEADERS, None
+        i = request.account
         if i is None or not 0 <= i < len(accounts):
             i = pick([name for name, _ in accounts], conversation_key(request))
-        request.trace.placement = f"account={i + 1}/{len(accounts)}"
-        return {"Authorization": f"Bearer {accounts[i][1]}"}
+        return {"Authorization": f"Bearer {accounts[i][1]}"}, f"account={i + 1}/{len(accounts)}"
 
     async def _post(
         self,

@@ -92,7 +92,7 @@ num_threads = 1
 [routing.breaker]
 failures = 1000000
 window = 1000000
-[providers.local.provider]
+[providers.local]
 kind = "local"
 [providers.mock]
 kind = "openai"

@@ -98,7 +98,7 @@ async def gateway_process(checkpoint: Path, workdir: Path) -> AsyncIterator[Gate
             "max_batch_tokens": 1024,
             "num_threads": 1,
         },
-        "providers.local.provider": {"kind": "local"},
+        "providers.local": {"kind": "local"},
     }
     config = write_node_config(workdir / "gateway.toml", sections)
     log_path = workdir / "gateway.log"

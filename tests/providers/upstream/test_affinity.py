@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
-from providers.types import ChatRequest, Message
+from providers.types import ChatRequest, Message, Placed
 from providers.upstream.affinity import conversation_key, pick, rank
 from providers.upstream.openai import OpenAIUpstream, UpstreamConfig
 from testkit.mock_upstream import MockUpstream
@@ -59,10 +60,10 @@ async def test_the_conversations_key_is_sent_upstream(
     for c in range(6):
         for n in range(3):
             request = turn(c, n)
-            _ = [event async for event in upstream.chat(request)]
+            events = [event async for event in upstream.chat(request)]
             sent.setdefault(c, set()).add(mock_upstream.requests[-1].headers["Authorization"])
             index = pick(ACCOUNTS, conversation_key(request))
-            assert request.trace.placement == f"account={index + 1}/3"
+            assert events[0] == Placed(f"account={index + 1}/3")  # before the answer
     assert all(len(keys) == 1 for keys in sent.values())
     assert len(set().union(*sent.values())) > 1
 
@@ -82,9 +83,8 @@ async def test_the_account_the_gateway_chose_is_the_one_sent(
     upstream: OpenAIUpstream, mock_upstream: MockUpstream
 ) -> None:
     for chosen in range(len(ACCOUNTS)):
-        request = turn(0, 0)
-        request.trace.account = chosen
-        _ = [event async for event in upstream.chat(request)]
-        assert request.trace.placement == f"account={chosen + 1}/3"
+        request = replace(turn(0, 0), account=chosen)
+        events = [event async for event in upstream.chat(request)]
+        assert events[0] == Placed(f"account={chosen + 1}/3")
         sent = mock_upstream.requests[-1].headers["Authorization"]
         assert sent == f"Bearer sk-{ACCOUNTS[chosen].lower()}"
