@@ -40,6 +40,7 @@ def upstream_config(name: str, settings: ProviderSettings) -> UpstreamConfig:
         stream_upstream=settings.stream_upstream,
         max_connections=settings.max_connections,
         headers=dict(settings.headers),
+        fim=settings.fim,
     )
 
 

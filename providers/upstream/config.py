@@ -2,8 +2,8 @@
 
 The gateway builds `UpstreamConfig` from its `ProviderSettings` (providers/ does not import the
 gateway): name = the provider's key in settings, base_url, api_key = settings.api_key(),
-thinking_style, send_reasoning_history, the timeouts, max_connections, headers and stream_upstream
-map one to one; the remaining fields keep their defaults unless the gateway has better.
+thinking_style, send_reasoning_history, the timeouts, max_connections, headers, stream_upstream
+and fim map one to one; the remaining fields keep their defaults unless the gateway has better.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import field
 
 from plumbing.record import record
-from providers.upstream.openai_wire import ThinkingStyle
+from providers.upstream.openai_wire import FimStyle, ThinkingStyle
 
 
 @record
@@ -37,3 +37,4 @@ class UpstreamConfig:
     headers: Mapping[str, str] = field(default_factory=dict)
     models: tuple[str, ...] = ()
     stream_upstream: bool = False  # stream from the upstream for JSON clients too
+    fim: FimStyle = "suffix"  # how it takes fill-in-the-middle requests (openai_wire.FimStyle)
