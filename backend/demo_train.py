@@ -54,6 +54,9 @@ class TrainOptions:
     max_chars: int = 3_000_000
     seed: int = 0
     progress: bool = True
+    # torch threads while training (None: as set). One suits the tiny preset: its matrices are
+    # too small to share, and two threads on a busy 2-core machine ran 10x slower than one.
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.steps, self.batch_size, self.max_chars) < 1 or self.seq_len < 4:
@@ -62,6 +65,8 @@ class TrainOptions:
             raise ValueError("lr must be positive, mtp_weight and warmup_steps non-negative")
         if not 0.0 <= self.fim_rate <= 1.0:
             raise ValueError("fim_rate must be within [0, 1]")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("threads must be positive")
 
 
 def stdlib_texts(max_chars: int) -> Iterator[str]:
@@ -189,6 +194,18 @@ def train_weights(
     fp32 tensors under the same names."""
     if config.num_nextn_predict_layers < 1:
         raise ValueError("the model has no MTP layer to train")
+    threads = torch.get_num_threads()
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    try:
+        return _train(config, tensors, tokenizer, options)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(
+    config: ModelConfig, tensors: dict[str, Tensor], tokenizer: Tokenizer, options: TrainOptions
+) -> dict[str, Tensor]:
     torch.manual_seed(options.seed)
     model = DeepseekV3ForCausalLM(config, dtype=torch.float32, include_mtp=True)
     model.load_state_dict(tensors)

@@ -35,7 +35,7 @@ log = structlog.get_logger("providers.local")
 
 DEFAULT_MODEL_ID = "deepseek-v3.1"
 # The trained demo's run: half the windows fill in the middle, so FIM prompts get code back.
-DEMO_TRAINING = TrainOptions(steps=400, fim_rate=0.5)
+DEMO_TRAINING = TrainOptions(steps=400, fim_rate=0.5, threads=1)
 
 
 def demo_checkpoint_dir(demo_dir: Path, preset: str, *, trained: bool = False) -> Path:
