@@ -15,6 +15,8 @@ from redis.asyncio import Redis
 
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
+from providers.upstream.openai import fim_url
+from providers.upstream.openai_wire import FimStyle
 from testkit.gateway_app import REDIS_URL, Gateway, gateway_settings, start_gateway
 from testkit.mock_upstream import MockUpstream
 
@@ -129,3 +131,20 @@ def test_unknown_fim_style_is_refused(mock_upstream: MockUpstream) -> None:
     providers = {"x": {"kind": "openai", "base_url": "http://127.0.0.1:1/v1", "fim": "yes"}}
     with pytest.raises(ValueError, match="fim"):
         gateway_settings(mock_upstream, f"test:{uuid.uuid4().hex}:", providers=providers)
+
+
+@pytest.mark.parametrize(
+    ("base_url", "fim", "url"),
+    [
+        (
+            "https://api.deepseek.com/v1",
+            "deepseek_beta",
+            "https://api.deepseek.com/beta/completions",
+        ),
+        ("https://api.deepseek.com/", "deepseek_beta", "https://api.deepseek.com/beta/completions"),
+        ("http://proxy:8080/ds/v1/", "deepseek_beta", "http://proxy:8080/ds/beta/completions"),
+        ("http://vllm:8000/v1/", "suffix", "http://vllm:8000/v1/completions"),
+    ],
+)
+def test_fim_url_per_style(base_url: str, fim: FimStyle, url: str) -> None:
+    assert fim_url(base_url, fim) == url
