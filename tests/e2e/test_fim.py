@@ -124,6 +124,7 @@ async def test_beta_endpoint_with_the_openai_sdk_and_echo(
             max_tokens=6,
             temperature=0,
             echo=True,
+            logprobs=2,  # accepted as on plain completions
         )
         middle = hf_greedy(hf, tokenizer, documented_ids(tokenizer, PREFIX, SUFFIX), 6)
         assert resp.choices[0].text == PREFIX + middle
