@@ -1,6 +1,7 @@
 """Write a DeepSeek-V3 architecture checkpoint with random weights, in DeepSeek's own layout.
 
-``python -m backend.demo_checkpoint OUT_DIR [--preset tiny|small] [--fp8] [--seed N] [--train]``
+``python -m backend.demo_checkpoint OUT_DIR [--preset tiny|small] [--fp8] [--seed N] [--train]
+[--train-steps N] [--train-fim-rate F]``
 
 The directory holds config.json (DeepSeek's spelling: ``rope_scaling``, ``torch_dtype``),
 generation_config.json, two or more safetensors shards with ``model.safetensors.index.json``, the
@@ -247,12 +248,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-steps", type=int, default=TrainOptions.steps)
     parser.add_argument("--train-batch", type=int, default=TrainOptions.batch_size)
     parser.add_argument("--train-seq-len", type=int, default=TrainOptions.seq_len)
+    parser.add_argument(
+        "--train-fim-rate",
+        type=float,
+        default=TrainOptions.fim_rate,
+        help="share of training windows in the fill-in-the-middle layout",
+    )
     args = parser.parse_args(argv)
     train = (
         TrainOptions(
             steps=args.train_steps,
             batch_size=args.train_batch,
             seq_len=args.train_seq_len,
+            fim_rate=args.train_fim_rate,
             seed=args.seed,
         )
         if args.train

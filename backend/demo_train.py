@@ -10,6 +10,11 @@ Only the vocabulary rows the corpus uses are trained (a few percent of V3.1's 12
 rows of both output heads are zero, so their logits are exactly 0 for every input: the training
 loss includes them as one constant ``log(num_unused)`` column, which makes it the exact
 full-vocabulary loss of the model that is written out.
+
+With ``fim_rate`` > 0 that share of the windows is rearranged for fill in the middle, DeepSeek's
+prefix-suffix-middle layout: a window ``p m s`` cut at two random points becomes
+``<｜fim▁begin｜> p <｜fim▁hole｜> s <｜fim▁end｜> m`` (same length: three tokens fewer of text), so
+the model learns to write the middle after a FIM prompt (``Tokenizer.encode_fim``).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from backend.text.tokenizer import Tokenizer
 @dataclass(frozen=True)
 class TrainOptions:
     """`steps` optimizer steps of `batch_size` windows of `seq_len` tokens, drawn from the first
-    `max_chars` characters of the standard library's ``.py`` files (sorted by path)."""
+    `max_chars` characters of the standard library's ``.py`` files (sorted by path); a
+    `fim_rate` share of the windows in the fill-in-the-middle layout (module docstring)."""
 
     steps: int = 400
     batch_size: int = 8
@@ -44,15 +50,23 @@ class TrainOptions:
     lr: float = 5e-3
     warmup_steps: int = 10
     mtp_weight: float = 0.3
+    fim_rate: float = 0.0
     max_chars: int = 3_000_000
     seed: int = 0
     progress: bool = True
+    # torch threads while training (None: as set). One suits the tiny preset: its matrices are
+    # too small to share, and two threads on a busy 2-core machine ran 10x slower than one.
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.steps, self.batch_size, self.max_chars) < 1 or self.seq_len < 4:
             raise ValueError("steps, batch_size and max_chars must be positive, seq_len >= 4")
         if self.lr <= 0 or self.mtp_weight < 0 or self.warmup_steps < 0:
             raise ValueError("lr must be positive, mtp_weight and warmup_steps non-negative")
+        if not 0.0 <= self.fim_rate <= 1.0:
+            raise ValueError("fim_rate must be within [0, 1]")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("threads must be positive")
 
 
 def stdlib_texts(max_chars: int) -> Iterator[str]:
@@ -180,13 +194,29 @@ def train_weights(
     fp32 tensors under the same names."""
     if config.num_nextn_predict_layers < 1:
         raise ValueError("the model has no MTP layer to train")
+    threads = torch.get_num_threads()
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    try:
+        return _train(config, tensors, tokenizer, options)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(
+    config: ModelConfig, tensors: dict[str, Tensor], tokenizer: Tokenizer, options: TrainOptions
+) -> dict[str, Tensor]:
     torch.manual_seed(options.seed)
     model = DeepseekV3ForCausalLM(config, dtype=torch.float32, include_mtp=True)
     model.load_state_dict(tensors)
     ids = corpus_ids(tokenizer, options.max_chars)
-    specials = torch.tensor([tokenizer.special.bos, tokenizer.special.eos], dtype=torch.long)
-    used = torch.unique(torch.cat((ids, specials)))  # sorted
+    s = tokenizer.special
+    fim_ids = torch.tensor([s.fim_begin, s.fim_hole, s.fim_end], dtype=torch.long)
+    specials = torch.tensor([s.bos, s.eos], dtype=torch.long)
+    parts = (ids, specials, fim_ids) if options.fim_rate > 0 else (ids, specials)
+    used = torch.unique(torch.cat(parts))  # sorted
     compact = torch.searchsorted(used, ids)
+    fim_compact = torch.searchsorted(used, fim_ids).tolist()
     trainable = _Trainable(model, used)
     params = [p for p in trainable.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=options.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -200,8 +230,7 @@ def train_weights(
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = _lr(step, options)
-        starts = torch.randint(0, span, (options.batch_size,), generator=generator)
-        windows = torch.stack([compact[s : s + options.seq_len] for s in starts.tolist()])
+        windows = _windows(compact, span, options, fim_compact, generator)
         main, mtp = trainable(windows, options.mtp_weight)
         loss = main + options.mtp_weight * mtp
         optimizer.zero_grad(set_to_none=True)
@@ -217,6 +246,31 @@ def train_weights(
             f"({used.numel()} distinct) in {time.monotonic() - started:.0f} s"
         )
     return {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+
+def _windows(
+    compact: Tensor, span: int, options: TrainOptions, fim: list[int], generator: torch.Generator
+) -> Tensor:
+    """[batch_size, seq_len] compact ids: corpus windows, a `fim_rate` share of them in the
+    FIM layout (`fim`: the compact ids of fim_begin, fim_hole, fim_end)."""
+    length = options.seq_len
+    starts = torch.randint(0, span, (options.batch_size,), generator=generator).tolist()
+    draws = (  # no draws without FIM: the plain run's windows do not depend on fim_rate
+        torch.rand(options.batch_size, generator=generator).tolist()
+        if options.fim_rate > 0
+        else [1.0] * options.batch_size
+    )
+    rows: list[Tensor] = []
+    for start, draw in zip(starts, draws, strict=True):
+        window = compact[start : start + length]
+        if draw < options.fim_rate and length > 4:
+            text = window[: length - 3]
+            cut = torch.randint(0, text.numel() + 1, (2,), generator=generator).sort().values
+            i, j = int(cut[0]), int(cut[1])
+            begin, hole, end = (window.new_tensor([t]) for t in fim)
+            window = torch.cat((begin, text[:i], hole, text[j:], end, text[i:j]))
+        rows.append(window)
+    return torch.stack(rows)
 
 
 def _lr(step: int, options: TrainOptions) -> float:

@@ -162,6 +162,9 @@ def routes() -> list[web.RouteDef]:
         table += [
             web.post(f"{prefix}/chat/completions", chat_completions),
             web.post(f"{prefix}/completions", completions),
+            # DeepSeek's fill-in-the-middle endpoint (the same body): Continue's DeepSeek
+            # provider and the openai SDK with base_url ".../beta" post here.
+            web.post(f"{prefix}/beta/completions", completions),
             web.post(f"{prefix}/responses", responses),
             web.post(f"{prefix}/messages", messages),
             web.post(f"{prefix}/messages/count_tokens", count_tokens),

@@ -103,6 +103,15 @@ def build_openapi() -> dict[str, Any]:
         "/v1/completions": {
             "post": _operation("Completion", body=CompletionBody, security=_API_KEY, stream=True)
         },
+        "/v1/beta/completions": {
+            "post": _operation(
+                "Fill in the middle (DeepSeek's FIM endpoint: prompt + suffix; also the same as "
+                "/v1/completions)",
+                body=CompletionBody,
+                security=_API_KEY,
+                stream=True,
+            )
+        },
         "/v1/responses": {
             "post": _operation("Response", body=ResponsesBody, security=_API_KEY, stream=True)
         },

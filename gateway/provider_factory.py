@@ -49,6 +49,7 @@ def upstream_config(name: str, settings: ProviderSettings) -> UpstreamConfig:
         pool_idle_timeout_s=settings.pool_idle_timeout_s,
         tcp_keepalive_s=settings.tcp_keepalive_s,
         proxy=settings.proxy_url(os.environ),
+        fim=settings.fim,
     )
 
 

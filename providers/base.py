@@ -22,6 +22,8 @@ class Provider(Protocol):
     after it). It raises `providers.errors.ProviderError` subclasses for failures; raising before
     the first event lets the router fall back to the next route. Cancelling the iterator (the
     client went away) must release every resource at once (upstream connection, engine blocks).
+    A provider that fills in the middle (serves `ChatRequest.suffix`) says so with a true
+    `supports_fim` attribute; the router skips the others for such requests.
     """
 
     name: str

@@ -186,6 +186,9 @@ class ChatRequest:
     request_id: str = ""
     # Legacy /v1/completions: a raw prompt instead of messages (no chat template applied).
     prompt: str | None = None
+    # Fill in the middle: the text after the gap, with `prompt` the text before it (never
+    # thinking; only providers that can fill in the middle serve it).
+    suffix: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # The prompt as the serving provider prepared it (None: the provider prepares it itself).
     prepared: PreparedPrompt | None = None

@@ -276,6 +276,7 @@ class MockUpstream:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._chat)
+        app.router.add_post("/beta/completions", self._chat)  # DeepSeek's fill in the middle
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=0.2

@@ -9,7 +9,8 @@ writes stay single tokens. Mechanism: before rendering, every added-token string
 is replaced by a private-use code (`_AddedTokenText.escape`); the rendered prompt is then split at
 the added tokens that remain (all the template's), and the text between them is unescaped and
 encoded without added tokens. For text with no marker strings the ids equal a plain encode of
-the rendered prompt.
+the rendered prompt. Fill-in-the-middle prompts (`encode_fim`) encode the client's prefix and
+suffix the same way, without added tokens.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class SpecialIds:
     tool_output_begin: int  # 128812
     tool_output_end: int  # 128813
     tool_sep: int  # 128814
+    fim_begin: int  # 128801
+    fim_hole: int  # 128800
+    fim_end: int  # 128802
 
 
 _SPECIAL_TEXT = {
@@ -66,6 +70,9 @@ _SPECIAL_TEXT = {
     "tool_output_begin": "<｜tool▁output▁begin｜>",
     "tool_output_end": "<｜tool▁output▁end｜>",
     "tool_sep": "<｜tool▁sep｜>",
+    "fim_begin": "<｜fim▁begin｜>",
+    "fim_hole": "<｜fim▁hole｜>",
+    "fim_end": "<｜fim▁end｜>",
 }
 
 
@@ -256,6 +263,21 @@ class Tokenizer:
                 add_generation_prompt=add_generation_prompt,
             )
         )
+
+    def encode_fim(self, prefix: str, suffix: str) -> list[int]:
+        """Fill-in-the-middle prompt ids, DeepSeek's prefix-suffix-middle layout:
+        BOS <｜fim▁begin｜> prefix <｜fim▁hole｜> suffix <｜fim▁end｜>; the model writes the middle.
+        Client text never yields an added token (`prefix` and `suffix` are encoded without
+        them), so the only control tokens are these four."""
+        s = self.special
+        return [
+            s.bos,
+            s.fim_begin,
+            *self.encode(prefix, allow_special=False),
+            s.fim_hole,
+            *self.encode(suffix, allow_special=False),
+            s.fim_end,
+        ]
 
     def prompt_opens_reasoning(self, prompt_ids: Sequence[int]) -> bool:
         """Whether generation after `prompt_ids` starts inside reasoning (prompt ends in <think>).

@@ -22,7 +22,7 @@ from gateway.config.cluster import ClusterSettings
 from gateway.config.routing import RoutingSettings
 from plumbing.busy_wait import Spin
 from providers.transport.http1_proxy import Proxy, proxy_for
-from providers.upstream.openai_wire import ThinkingStyle
+from providers.upstream.openai_wire import FimStyle, ThinkingStyle
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -356,6 +356,13 @@ class ProviderSettings(BaseModel):
         description="TCP keepalive on connections to this upstream: the first probe after "
         "this many idle seconds, then every third of it, 3 unanswered close it. 0: off.",
     )
+    fim: FimStyle = Field(
+        default="suffix",
+        description="How this upstream takes fill-in-the-middle (code completion) requests: "
+        '"suffix" (OpenAI style, `suffix` on its /completions), "deepseek_beta" (DeepSeek\'s '
+        '/beta/completions, in place of the base URL\'s /v1), or "none" (the router skips it '
+        'for them). Kind "openai" only: the local engine always can, Messages APIs never.',
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ProviderSettings:
@@ -460,7 +467,17 @@ class EngineSettings(BaseModel):
         "tokenizer) is built and reused when `model_path` is unset.",
     )
     demo_preset: Literal["tiny", "small"] = Field(
-        default="small", description="Size of the demo checkpoint."
+        default="tiny",
+        description='Without model_path: the demo model\'s size, "tiny" (2,048-token context; '
+        'what the trained demo is trained in minutes) or "small" (about 190M parameters, '
+        "16,384-token context; six times the training cost).",
+    )
+    demo_weights: Literal["trained", "random"] = Field(
+        default="trained",
+        description='Without model_path: "trained" serves the demo model trained on the '
+        "standard library's Python source (plain and fill-in-the-middle; built once with a "
+        'progress bar, about two minutes on two cores for the tiny preset), "random" the '
+        "untrained one (built in seconds; its answers are random tokens).",
     )
     config: EngineConfig = Field(
         default_factory=EngineConfig,
@@ -473,7 +490,9 @@ class EngineSettings(BaseModel):
         if not isinstance(data, dict) or "config" in data:
             return data
         own = {
-            name: data[name] for name in ("model_path", "demo_dir", "demo_preset") if name in data
+            name: data[name]
+            for name in ("model_path", "demo_dir", "demo_preset", "demo_weights")
+            if name in data
         }
         knobs = {name: value for name, value in data.items() if name not in own}
         if "cache_memory_mb" in knobs:
@@ -497,6 +516,7 @@ PRESETS: dict[str, ProviderSettings] = {
         base_url="https://api.deepseek.com/v1",
         api_key_env="DEEPSEEK_API_KEY",
         direct_models=("deepseek-*",),
+        fim="deepseek_beta",
     ),
     "openai": ProviderSettings(
         kind="openai",

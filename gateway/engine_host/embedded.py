@@ -30,6 +30,7 @@ async def open_embedded_engine(
                 model_path=engine.model_path,
                 demo_dir=engine.demo_dir,
                 demo_preset=engine.demo_preset,
+                demo_trained=engine.demo_weights == "trained",
                 on_block_event=cluster.buffer.push if cluster else None,
                 open_placer=partial(serve_engine, cluster) if cluster else None,
             )

@@ -18,8 +18,8 @@ TOKENS_PER_MESSAGE = 4
 
 
 def estimate_prompt_tokens(request: ChatRequest) -> int:
-    if request.prompt is not None:
-        return len(request.prompt) // CHARS_PER_TOKEN + 1
+    if request.prompt is not None:  # fill in the middle: the suffix is prompt too
+        return (len(request.prompt) + len(request.suffix or "")) // CHARS_PER_TOKEN + 1
     chars = 0
     for m in request.messages:
         chars += len(m.text) + len(m.reasoning_content or "")

@@ -5,7 +5,8 @@ default model), checks the key may use it, starts reading the conversation's sto
 the decision will need it, prepares the prompt off the event loop meanwhile where a route's
 provider prepares prompts (the local engine: the ids and their block hashes then travel with the
 request to the router, admission, the engine and usage; nothing tokenizes or hashes it again),
-and asks the router seam for a decision.
+and asks the router seam for a decision. A fill-in-the-middle request keeps only the routes whose
+provider can serve it.
 """
 
 from __future__ import annotations
@@ -14,13 +15,29 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.access.contract import Principal, require_model
-from gateway.errors import NotFound
+from gateway.errors import InvalidRequest, NotFound
 from gateway.observability.metrics import Metrics
 from gateway.pipeline.prompt_estimates import prompt_tokens
 from gateway.routing.aliases import Route, Router
 from gateway.routing.decide import Decider, Decision, RoutingInput
 from gateway.routing.explain import on_off
 from providers.types import ChatRequest
+
+
+def fim_routes(public_model: str, routes: tuple[Route, ...]) -> tuple[Route, ...]:
+    """The routes whose provider fills in the middle (its `supports_fim`: the local engine,
+    OpenAI-style upstreams unless `fim = "none"`); a 400 when there is none."""
+    able = tuple(r for r in routes if getattr(r.provider, "supports_fim", False))
+    if not able:
+        names = ", ".join(dict.fromkeys(r.provider_name for r in routes))
+        raise InvalidRequest(
+            f"Model '{public_model}' cannot fill in the middle: none of its providers "
+            f"({names}) takes 'suffix'. Send the request without 'suffix', or to a model "
+            "served by the local engine or an upstream configured with `fim`.",
+            param="suffix",
+            code="unsupported_value",
+        )
+    return able
 
 
 class RoutePlanner:
@@ -36,6 +53,8 @@ class RoutePlanner:
         """The public model served, the request (its prompt prepared), and the decision."""
         public_model, routes = self._resolve(chat.model, principal)
         require_model(principal, public_model)
+        if chat.suffix is not None:
+            routes = fim_routes(public_model, routes)
         mode = self.router.mode(public_model)
         policy, key_id = principal.policy, principal.key_id
         recalled = self.decider.recall(chat, public_model, mode, policy, key_id)

@@ -218,19 +218,18 @@ def parse_completion(data: Any, request_id: str) -> tuple[CompletionBody, ChatRe
             raise InvalidRequest("Only one prompt per request is supported.", param="prompt")
         prompt = prompt[0]
     extra: dict[str, Any] = {}
-    if body.suffix is not None:
-        extra["suffix"] = body.suffix
     if body.echo:
         extra["echo"] = True
     request = ChatRequest(
         model=body.model,
         messages=(),
         sampling=_sampling(body, body.max_tokens, body.logprobs is not None, body.logprobs),
-        thinking=_thinking(body),
+        thinking=False if body.suffix is not None else _thinking(body),
         stream=body.stream,
         user=body.user,
         request_id=request_id,
         prompt=prompt,
+        suffix=body.suffix,
         extra=extra,
     )
     return body, request

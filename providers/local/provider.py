@@ -4,11 +4,13 @@ Chat: messages and tools are rendered by the checkpoint's chat template (thinkin
 the request turns it on, V3.1's default), sampling defaults come from generation_config.json,
 and the output is detokenized and parsed into reasoning, content and tool calls (providers/
 local_stream.py). Legacy completions (`request.prompt`): BOS + the raw prompt, no template, no
-parsers. Stop strings are matched here on the content (not the reasoning); on a hit the engine
-request is finished at once. A consumer that stops iterating (client gone) aborts the engine
-request in a `finally`, which frees its KV blocks at the engine's next step. The engine is the
-in-process `AsyncEngine`, or worker 0's reached over a socket (`providers.local.worker_engine`): the
-provider tokenizes, parses and counts here either way.
+parsers. Fill in the middle (`request.suffix` set): DeepSeek's FIM layout
+(`Tokenizer.encode_fim`), never thinking, answered like a legacy completion. Stop strings are
+matched here on the content (not the reasoning); on a hit the engine request is finished at once.
+A consumer that stops iterating (client gone) aborts the engine request in a `finally`, which
+frees its KV blocks at the engine's next step. The engine is the in-process `AsyncEngine`, or
+worker 0's reached over a socket (`providers.local.worker_engine`): the provider tokenizes, parses
+and counts here either way.
 Not enforced: tool_choice other than "none" (which drops the tools), and response_format.
 """
 
@@ -90,6 +92,9 @@ class LocalProvider:
         self._tokenizer = tokenizer
         self._block_size = engine.block_size
         self._root = root_hash(engine.hash_seed, engine.block_size)
+
+    # Fills in the middle (`ChatRequest.suffix`) itself; the router skips providers without it.
+    supports_fim = True
 
     @property
     def engine(self) -> ServedEngine:
@@ -216,6 +221,11 @@ class LocalProvider:
     def _encode(self, request: ChatRequest) -> PreparedPrompt:
         tokenizer = self._tokenizer
         thinking = bool(request.thinking)
+        if request.prompt is not None and request.suffix is not None:
+            ids = tokenizer.encode_fim(request.prompt, request.suffix)
+            return PreparedPrompt(
+                self.name, ids, False, False, False, False, self._block_chain(ids)
+            )
         if request.prompt is not None:
             ids = tokenizer.encode(request.prompt, add_bos=True)
             return PreparedPrompt(

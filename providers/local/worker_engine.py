@@ -177,6 +177,8 @@ class SharedLocalProvider:
     """The local provider of a worker without the engine: not ready until worker 0's engine
     has answered once; then a `LocalProvider` over the `SharedEngine` serves everything."""
 
+    supports_fim = True  # as LocalProvider
+
     def __init__(self, name: str) -> None:
         self.name = name
         self._local: LocalProvider | None = None

@@ -25,6 +25,11 @@ class AnthropicUpstream(OpenAIUpstream):
         self._chat_url = base + "/v1/messages"
         self._models_url = base + "/v1/models"
 
+    @property
+    def supports_fim(self) -> bool:
+        """The Messages API has no fill in the middle."""
+        return False
+
     def _auth_headers(self) -> dict[str, str]:
         key = self._config.api_key
         return {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": key} if key else {})}

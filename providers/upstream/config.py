@@ -3,8 +3,8 @@
 The gateway builds `UpstreamConfig` from its `ProviderSettings` (providers/ does not import the
 gateway): name = the provider's key in settings, base_url, api_key = settings.api_key(),
 thinking_style, send_reasoning_history, the timeouts, max_connections, headers, stream_upstream
-and the HTTP client's bounds map one to one; `proxy` is the provider's own proxy setting or, when
-it has none, the one the environment names for base_url (HTTPS_PROXY, NO_PROXY: resolved by the
+the HTTP client's bounds and fim map one to one; `proxy` is the provider's own proxy setting or,
+when it has none, the one the environment names for base_url (HTTPS_PROXY, NO_PROXY: resolved by the
 gateway, which reads the environment); the remaining fields keep their defaults unless the gateway
 has better.
 """
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import field
 
 from plumbing.record import record
-from providers.upstream.openai_wire import ThinkingStyle
+from providers.upstream.openai_wire import FimStyle, ThinkingStyle
 
 
 @record
@@ -49,3 +49,4 @@ class UpstreamConfig:
     pool_idle_timeout_s: float = 15.0
     tcp_keepalive_s: float = 30.0
     proxy: str | None = field(default=None, repr=False)
+    fim: FimStyle = "suffix"  # how it takes fill-in-the-middle requests (openai_wire.FimStyle)

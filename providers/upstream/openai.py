@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -50,11 +51,23 @@ from providers.types import ChatRequest, Event, Placed
 from providers.upstream.affinity import conversation_key, pick
 from providers.upstream.config import UpstreamConfig
 from providers.upstream.errors import clip, describe, http_error, timeout_error
-from providers.upstream.openai_wire import ChunkDecoder, build_body, error_message
+from providers.upstream.openai_wire import ChunkDecoder, FimStyle, build_body, error_message
 
 # How long to wait, after `[DONE]`, for the end of the body before closing the connection.
 _DRAIN_TIMEOUT_S = 1.0
 _NO_HEADERS: Mapping[str, str] = {}
+
+
+def fim_url(base_url: str, fim: FimStyle) -> str:
+    """Where fill-in-the-middle requests go: OpenAI style, the ordinary `/completions`;
+    DeepSeek's beta endpoint, `/beta/completions` in place of the base URL's `/v1`
+    (`https://api.deepseek.com/v1` -> `https://api.deepseek.com/beta/completions`)."""
+    base = base_url.rstrip("/")
+    if fim != "deepseek_beta":
+        return base + "/completions"
+    parts = urlsplit(base)
+    path = parts.path.removesuffix("/v1")
+    return urlunsplit((parts.scheme, parts.netloc, path + "/beta/completions", "", ""))
 
 
 class StreamDecoder(Protocol):
@@ -77,11 +90,18 @@ class OpenAIUpstream:
         base = config.base_url.rstrip("/")
         self._chat_url = base + "/chat/completions"
         self._completions_url = base + "/completions"
+        self._fim_url = fim_url(base, config.fim)
         self._models_url = base + "/models"
         self._paths: dict[str, str] = {}  # URL -> its request target on the pool's origin
         self._session: aiohttp.ClientSession | None = None
         self._pool: Http1Pool | None = None
         self._closed = False
+
+    @property
+    def supports_fim(self) -> bool:
+        """Whether it takes fill-in-the-middle requests (`ChatRequest.suffix`): the router
+        skips it for them otherwise."""
+        return self._config.fim != "none"
 
     async def open(self) -> None:
         self._open_pool()
@@ -159,7 +179,9 @@ class OpenAIUpstream:
             send_reasoning_history=self._config.send_reasoning_history,
             stream=stream,
         )
-        return self._completions_url if request.prompt is not None else self._chat_url, body
+        if request.prompt is None:
+            return self._chat_url, body
+        return self._fim_url if request.suffix is not None else self._completions_url, body
 
     def _decoder(self) -> StreamDecoder:
         return ChunkDecoder(self.name)

@@ -5,6 +5,8 @@ Request mapping (`build_body`):
 - Messages keep their content (text or parts), name, tool_calls and tool_call_id; role
   "developer" is sent as "system" (accepted by every OpenAI-compatible server, unlike
   "developer"). Earlier `reasoning_content` is sent only with `send_reasoning_history`.
+- A fill-in-the-middle request (`suffix` set) is a legacy completions body with `suffix`, and no
+  thinking fields (neither OpenAI's nor DeepSeek's FIM endpoint thinks).
 - Sampling fields are sent only when set; `max_tokens` is sent as `max_completion_tokens` to
   "reasoning_effort" (OpenAI) upstreams. A `prompt` request is a legacy completions body.
 - `thinking` per style: deepseek -> `thinking: {"type": "enabled"|"disabled"}`;
@@ -42,6 +44,9 @@ from providers.types import (
 )
 
 ThinkingStyle = Literal["deepseek", "chat_template_kwargs", "reasoning_effort", "none"]
+# How an upstream takes fill-in-the-middle requests: `suffix` on its /completions (OpenAI
+# style), the same body on DeepSeek's /beta/completions, or not at all.
+FimStyle = Literal["suffix", "deepseek_beta", "none"]
 
 _OPTIONAL_SAMPLING = (
     "temperature",
@@ -76,6 +81,8 @@ def build_body(
     sampling = request.sampling
     if request.prompt is not None:
         body["prompt"] = request.prompt
+        if request.suffix is not None:
+            body["suffix"] = request.suffix
         if sampling.logprobs:
             body["logprobs"] = sampling.top_logprobs or 0
     else:
@@ -103,7 +110,8 @@ def build_body(
         body["response_format"] = request.response_format
     if request.user is not None:
         body["user"] = request.user
-    _set_thinking(body, request.thinking, thinking_style, request.sampling.max_reasoning_tokens)
+    if request.suffix is None:
+        _set_thinking(body, request.thinking, thinking_style, request.sampling.max_reasoning_tokens)
     body["stream"] = stream
     if stream:
         body["stream_options"] = {"include_usage": True}

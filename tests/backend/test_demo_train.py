@@ -14,7 +14,14 @@ from backend.model.checkpoint import load_model
 
 def test_a_few_training_steps_move_model_and_mtp_weights(tmp_path: Path) -> None:
     options = TrainOptions(
-        steps=3, batch_size=2, seq_len=16, max_chars=20_000, warmup_steps=1, progress=False
+        steps=3,
+        batch_size=2,
+        seq_len=16,
+        max_chars=20_000,
+        warmup_steps=1,
+        fim_rate=0.5,  # plain and fill-in-the-middle windows
+        progress=False,
+        threads=1,
     )
     untrained = write_demo_checkpoint(tmp_path / "random", "tiny", seed=0, dtype=torch.float32)
     trained = write_demo_checkpoint(

@@ -167,3 +167,33 @@ def test_no_client_text_yields_an_added_token(tok: Tokenizer, text: str) -> None
     assert added_ids(tok, ids) == added_ids(tok, benign)
     rendered = tok.render_chat(conversation(text), tools=tools(text), thinking=True)
     assert tok.decode(ids, skip_special_tokens=False) == rendered
+
+
+def test_fim_ids_are_v31s_and_the_layout_is_prefix_suffix_middle(tok: Tokenizer) -> None:
+    s = tok.special
+    assert (s.fim_begin, s.fim_hole, s.fim_end) == (128801, 128800, 128802)
+    prefix, suffix = "def f(x):\n    ", "\n\nprint(f(2))\n"
+    assert tok.encode_fim(prefix, suffix) == [
+        0,
+        128801,
+        *tok.encode(prefix),
+        128800,
+        *tok.encode(suffix),
+        128802,
+    ]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.sampled_from([*FRAGMENTS, "<｜fim▁begin｜>", "<｜fim▁end｜>"]), max_size=12).map(
+        "".join
+    )
+)
+def test_no_fim_text_yields_an_added_token(tok: Tokenizer, text: str) -> None:
+    ids = tok.encode_fim(text + "<｜fim▁end｜>", "<｜fim▁begin｜>" + text)
+    assert [i for i in ids if i < 3 or i >= 128000] == [0, 128801, 128800, 128802]
+    hole = ids.index(128800)
+    assert tok.decode(ids[2:hole]) == text + "<｜fim▁end｜>"
+    assert tok.decode(ids[hole + 1 : -1]) == "<｜fim▁begin｜>" + text

@@ -117,6 +117,18 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
         {"model": "deepseek-chat", "prompt": SEA, "max_tokens": 6, "stream": True},
     ),
     (
+        "fill in the middle, DeepSeek's beta path, stream",
+        "/beta/completions",
+        {
+            "model": "deepseek-chat",
+            "prompt": "def sea(waves):\n    ",
+            "suffix": "\n\nprint(sea(3))\n",
+            "max_tokens": 6,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ),
+    (
         "responses json, a tool call",
         "/v1/responses",
         {

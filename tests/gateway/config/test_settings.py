@@ -200,3 +200,13 @@ def test_answers_are_polled_for_except_beside_the_embedded_engine(
     with_engine = load_settings(Path(__file__).parents[3] / "settings.toml")
     assert spin_for(with_engine, 0) == NO_SPIN  # this process runs the engine
     assert spin_for(with_engine, 1) == Spin(0.0002, 4)  # reaches worker 0's
+
+
+def test_demo_weights_default_to_the_trained_demo_and_random_stays_available() -> None:
+    engine = load_settings().engine
+    assert (engine.demo_weights, engine.demo_preset) == ("trained", "tiny")
+    assert load_settings(engine={"demo_weights": "random"}).engine.demo_weights == "random"
+    with pytest.raises(ValidationError, match="demo_weights"):
+        load_settings(engine={"demo_weights": "pretrained"})
+    shipped = load_settings(Path(__file__).parents[3] / "settings.toml").engine
+    assert (shipped.demo_weights, shipped.demo_preset) == ("trained", "tiny")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from backend.engine.engine_config import EngineConfig
 from backend.text.tokenizer import Tokenizer
 from providers.errors import InvalidRequest
 from providers.local.provider import LocalProvider
-from providers.local.setup import load_local_provider, resolve_checkpoint
+from providers.local.setup import demo_checkpoint_dir, load_local_provider, resolve_checkpoint
 from providers.local.stream import StopMatcher
 from providers.types import (
     ChatRequest,
@@ -291,6 +292,15 @@ def test_demo_checkpoint_is_built_once_then_reused(tmp_path: Path) -> None:
     assert resolve_checkpoint(None, tmp_path, "tiny") == built
     assert (built / "config.json").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == ["tiny"]  # no staging directory left
+
+
+def test_trained_demo_is_kept_apart_and_reused(checkpoint: Path, tmp_path: Path) -> None:
+    # A trained demo already built (here a copy of the tiny checkpoint) is served as it is.
+    target = demo_checkpoint_dir(tmp_path, "tiny", trained=True)
+    assert target == tmp_path / "tiny-trained"
+    shutil.copytree(checkpoint, target)
+    assert resolve_checkpoint(None, tmp_path, "tiny", trained=True) == target
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny-trained"]
 
 
 def test_stop_matcher_holds_back_a_possible_stop_prefix() -> None:
