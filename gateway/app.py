@@ -22,6 +22,7 @@ from gateway.appkeys import (
     ROUTER,
     SETTINGS,
     SIGNER,
+    USAGE_STORE,
     WORKER,
 )
 from gateway.cluster.node import open_cluster
@@ -43,6 +44,8 @@ from gateway.routing.plan import RoutePlanner
 from gateway.routing.sticky import Stickiness
 from gateway.settings import Settings
 from gateway.thinking_signature import ThinkingSigner
+from gateway.usage_store.pricing import Pricing
+from gateway.usage_store.service import open_usage_store
 from providers.busy_wait import NO_SPIN, BusyWait, Spin
 
 log = structlog.get_logger("gateway.app")
@@ -105,16 +108,26 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         redis = await stack.enter_async_context(open_redis(settings.redis))
         app[REDIS] = redis
         access: AccessControl
+        local = frozenset(n for n, p in settings.live_providers()[0].items() if p.kind == "local")
         if settings.auth.enabled:
+            usage = settings.usage
             keyed = RedisAccessControl(
                 redis,
                 prefix=settings.redis.key_prefix,
-                usage_stream_maxlen=settings.limits.usage_stream_maxlen,
+                # With a usage store its consumer trims the stream, after storing.
+                usage_stream_maxlen=0 if usage.enabled else settings.limits.usage_stream_maxlen,
                 slot_lease_s=settings.limits.slot_lease_s,
                 spool_dir=settings.limits.spool_dir,
                 timeout_s=settings.redis.timeout_s,
                 busy=busy,
+                pricing=Pricing(usage, local),
             )
+            if usage.enabled:
+                app[USAGE_STORE] = await stack.enter_async_context(
+                    open_usage_store(
+                        redis, usage, stream=keyed.store.space.usage_log(), local_providers=local
+                    )
+                )
             await keyed.start()
             stack.push_async_callback(keyed.aclose)  # runs after the pipeline's drain below
             access = keyed
@@ -143,7 +156,6 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         routing = settings.routing
         breakers = Breakers(providers, routing.breaker)
         app[BREAKERS] = breakers
-        local = frozenset(n for n, p in settings.live_providers()[0].items() if p.kind == "local")
         stickiness = Stickiness(redis, settings.redis.key_prefix, routing.sticky_ttl_s)
         stack.push_async_callback(stickiness.drain)  # its writes land before Redis closes
         decider = Decider(routing, local, providers, stickiness)

@@ -15,6 +15,7 @@ from gateway.routing import Router
 from gateway.routing.breaker import Breakers
 from gateway.settings import Settings
 from gateway.thinking_signature import ThinkingSigner
+from gateway.usage_store.store import UsageStore
 from providers.engine_client import EngineClient
 
 
@@ -46,3 +47,4 @@ SIGNER = web.AppKey("thinking_signer", ThinkingSigner)
 CLUSTER = web.AppKey("cluster", ClusterNode)
 WORKER = web.AppKey("worker", int)  # which serving process this is (gateway/workers.py)
 ENGINE_HOST = web.AppKey[EngineHost]("engine_host")
+USAGE_STORE = web.AppKey("usage_store", UsageStore)  # only with `[usage] enabled`

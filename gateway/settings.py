@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from backend.engine.engine_config import EngineConfig
 from gateway.cluster_settings import ClusterSettings
 from gateway.routing_settings import RoutingSettings
+from gateway.usage_store.settings import UsageSettings
 from providers.busy_wait import Spin
 from providers.openai_wire import ThinkingStyle
 
@@ -291,6 +292,7 @@ class Settings(BaseSettings):
     # ask for their own ids: {"claude-*haiku*" = "deepseek-chat", "claude-*" = "deepseek-reasoner"}.
     model_patterns: dict[str, str] = Field(default_factory=dict)
     messages: MessagesSettings = MessagesSettings()
+    usage: UsageSettings = UsageSettings()
     # Add the built-in TaoToken / DeepSeek / OpenAI providers whose key env var is set.
     use_presets: bool = True
 
@@ -317,6 +319,12 @@ class Settings(BaseSettings):
         for pattern, target in self.model_patterns.items():
             if target not in self.models:
                 raise ValueError(f"model pattern {pattern!r} names unknown model {target!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _usage_needs_auth(self) -> Settings:
+        if self.usage.enabled and not self.auth.enabled:
+            raise ValueError("usage.enabled needs auth.enabled: without keys nothing is recorded")
         return self
 
     @model_validator(mode="after")

@@ -1,0 +1,296 @@
+"""`UsageStore`: the SQL usage store (SQLite or PostgreSQL, by URL) behind one interface.
+
+  - `insert(rows)`: stores rows idempotently by record id and, in the same transaction, adds
+    the rows it had not stored before to the hourly and daily rollups; returns how many were
+    new. Safe to run from any number of processes at once.
+  - `summary`, `records`, `export`: the admin API's reads; every summary is one query on a
+    rollup table.
+  - `purge(now_s)`: retention (raw rows after `retention_days`, rollups after
+    `rollup_retention_days`).
+The schema is migrated at `open` (under a lock: PostgreSQL's advisory lock, SQLite's write lock).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import ColumnElement, Table, and_, delete, event, func, literal, or_, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from gateway.usage_store.queries import COLUMN, ExportQuery, Filters, RecordsQuery, SummaryQuery
+from gateway.usage_store.rows import DAY_S, HOUR_S, rollups
+from gateway.usage_store.schema import (
+    ADDED,
+    COUNTERS,
+    DIMENSIONS,
+    LATENCY,
+    SUMS,
+    TTFT,
+    daily,
+    hourly,
+    migrate,
+    records,
+)
+from gateway.usage_store.sketch import quantile
+
+# Columns a record listing and the CSV export show (all of a record's metadata).
+RECORD_COLUMNS = tuple(c.name for c in records.columns)
+_MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
+
+
+def _sqlite_engines(url: str) -> tuple[AsyncEngine, AsyncEngine]:
+    """A writer whose transactions take SQLite's write lock at BEGIN (a deferred one could
+    fail to upgrade while another process writes), and a reader that never blocks writers."""
+    database = make_url(url).database
+    if database and database != ":memory:":
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+
+    def build(begin: str) -> AsyncEngine:
+        engine = create_async_engine(url)
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _connect(dbapi: Any, _record: Any) -> None:
+            dbapi.isolation_level = None  # transactions are begun below
+            cursor = dbapi.cursor()
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=30000"):
+                cursor.execute(f"PRAGMA {pragma}")
+            cursor.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _begin(conn: Any) -> None:
+            conn.exec_driver_sql(begin)
+
+        return engine
+
+    return build("BEGIN IMMEDIATE"), build("BEGIN")
+
+
+class UsageStore:
+    def __init__(self, writer: AsyncEngine, reader: AsyncEngine) -> None:
+        self._writer, self._reader = writer, reader
+        self.dialect = writer.dialect.name
+        dialect_insert = sqlite.insert if self.dialect == "sqlite" else postgresql.insert
+        self._insert_records = (
+            dialect_insert(records)
+            .on_conflict_do_nothing(index_elements=["record_id"])
+            .returning(records.c.record_id)
+        )
+        self._upserts = {}
+        for table in (hourly, daily):
+            stmt = dialect_insert(table)
+            self._upserts[table.name] = stmt.on_conflict_do_update(
+                index_elements=["bucket", *DIMENSIONS],
+                set_={c: table.c[c] + stmt.excluded[c] for c in ADDED},
+            )
+
+    @classmethod
+    async def open(cls, url: str) -> UsageStore:
+        if make_url(url).get_backend_name() == "sqlite":
+            writer, reader = _sqlite_engines(url)
+        else:
+            writer = create_async_engine(url, pool_pre_ping=True)
+            reader = writer
+        store = cls(writer, reader)
+        try:
+            await store._migrate()
+        except BaseException:
+            await store.aclose()
+            raise
+        return store
+
+    async def _migrate(self) -> None:
+        async with self._writer.begin() as conn:
+            if self.dialect == "postgresql":
+                await conn.execute(select(func.pg_advisory_xact_lock(_MIGRATION_LOCK)))
+            await conn.run_sync(migrate, int(time.time() * 1000))
+
+    async def aclose(self) -> None:
+        await self._writer.dispose()
+        if self._reader is not self._writer:
+            await self._reader.dispose()
+
+    async def insert(self, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Store `rows` (`rows.row_of`); rows already stored change nothing. Returns how many
+        were new."""
+        unique = list({row["record_id"]: row for row in rows}.values())
+        if not unique:
+            return 0
+        async with self._writer.begin() as conn:
+            result = await conn.execute(self._insert_records, unique)
+            new = set(result.scalars().all())
+            fresh = [row for row in unique if row["record_id"] in new]
+            if fresh:
+                for table, width in ((hourly, HOUR_S), (daily, DAY_S)):
+                    await conn.execute(self._upserts[table.name], rollups(fresh, width))
+        return len(fresh)
+
+    async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
+        """Delete raw rows older than `retention_days` and rollups older than `rollup_days`."""
+        deleted = {}
+        async with self._writer.begin() as conn:
+            cutoff_ms = int((now_s - retention_days * DAY_S) * 1000)
+            result = await conn.execute(delete(records).where(records.c.ts_ms < cutoff_ms))
+            deleted[records.name] = result.rowcount
+            for table in (hourly, daily):
+                cutoff = int(now_s - rollup_days * DAY_S)
+                result = await conn.execute(delete(table).where(table.c.bucket < cutoff))
+                deleted[table.name] = result.rowcount
+        return deleted
+
+    # Reads.
+
+    def _filtered(
+        self, table: Table, q: Filters, time_column: ColumnElement[Any], scale: int
+    ) -> list[ColumnElement[bool]]:
+        conditions: list[ColumnElement[bool]] = [
+            table.c[column] == value for column, value in q.equalities().items()
+        ]
+        if q.start is not None:
+            start = int(q.start.timestamp())
+            if table is not records:
+                start -= start % (HOUR_S if table is hourly else DAY_S)  # the bucket holding it
+            conditions.append(time_column >= start * scale)
+        if q.end is not None:
+            conditions.append(time_column < int(q.end.timestamp()) * scale)
+        return conditions
+
+    def _month(self, table: Table) -> ColumnElement[Any]:
+        if self.dialect == "sqlite":
+            return func.strftime("%Y-%m", table.c.bucket, literal("unixepoch"))
+        stamp = func.to_timestamp(table.c.bucket).op("AT TIME ZONE")(literal("UTC"))
+        return func.to_char(stamp, literal("YYYY-MM"))
+
+    async def summary(self, q: SummaryQuery) -> list[dict[str, Any]]:
+        """Totals per group (and per period with `interval`), from one rollup query."""
+        day_aligned = all(t is None or int(t.timestamp()) % DAY_S == 0 for t in (q.start, q.end))
+        table = hourly if q.interval == "hour" or not day_aligned else daily
+        dims = q.dimensions()
+        columns: list[ColumnElement[Any]] = []
+        if q.interval == "month":
+            columns.append(self._month(table).label("period"))
+        elif q.interval is not None:
+            columns.append(table.c.bucket.label("period"))
+        columns += [table.c[COLUMN[d]].label(d) for d in dims]
+        groups = list(columns)
+        added = COUNTERS + SUMS + ((LATENCY + TTFT) if q.latency else ())
+        stmt = (
+            select(*columns, *(func.sum(table.c[c]).label(c) for c in added))
+            .where(*self._filtered(table, q, table.c.bucket, 1))
+            .group_by(*groups)
+            .order_by(*groups)
+        )
+        async with self._reader.connect() as conn:
+            result = await conn.execute(stmt)
+            # (an aggregate without groups over no rows is one row of nulls)
+            found = [row for row in result.mappings() if row["requests"] is not None]
+            return [_summary_row(dict(row), q, dims) for row in found]
+
+    async def records(self, q: RecordsQuery) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of records, newest first, and the cursor of the next page (None: last)."""
+        conditions = self._filtered(records, q, records.c.ts_ms, 1000)
+        if q.cursor is not None:
+            ts, record_id = q.cursor.split(":", 1)
+            conditions.append(
+                or_(
+                    records.c.ts_ms < int(ts),
+                    and_(records.c.ts_ms == int(ts), records.c.record_id < record_id),
+                )
+            )
+        stmt = (
+            select(records)
+            .where(*conditions)
+            .order_by(records.c.ts_ms.desc(), records.c.record_id.desc())
+            .limit(q.limit + 1)
+        )
+        async with self._reader.connect() as conn:
+            rows = [dict(row) for row in (await conn.execute(stmt)).mappings()]
+        more = len(rows) > q.limit
+        rows = rows[: q.limit]
+        cursor = f"{rows[-1]['ts_ms']}:{rows[-1]['record_id']}" if more else None
+        return rows, cursor
+
+    async def export(self, q: ExportQuery, chunk: int = 5000) -> AsyncIterator[list[Sequence[Any]]]:
+        """Every record of the query, oldest first, in chunks of tuples (`RECORD_COLUMNS`),
+        read through a cursor (any size, in bounded memory)."""
+        stmt = (
+            select(records)
+            .where(*self._filtered(records, q, records.c.ts_ms, 1000))
+            .order_by(records.c.ts_ms, records.c.record_id)
+            .execution_options(yield_per=chunk)
+        )
+        async with self._reader.connect() as conn:
+            result = await conn.stream(stmt)
+            async for part in result.partitions(chunk):
+                yield [tuple(row) for row in part]
+
+    async def count(self) -> int:
+        async with self._reader.connect() as conn:
+            return int((await conn.execute(select(func.count()).select_from(records))).scalar_one())
+
+    async def size_bytes(self) -> int | None:
+        """The database's size on disk (PostgreSQL: the current database's)."""
+        async with self._reader.connect() as conn:
+            if self.dialect == "sqlite":
+                pages = (await conn.execute(text("PRAGMA page_count"))).scalar_one()
+                size = (await conn.execute(text("PRAGMA page_size"))).scalar_one()
+                return int(pages) * int(size)
+            found = await conn.execute(text("SELECT pg_database_size(current_database())"))
+            return int(found.scalar_one())
+
+    @property
+    def writer(self) -> AsyncEngine:
+        return self._writer
+
+    async def run(self, statement: str) -> None:
+        """Run one statement in its own transaction (maintenance: ANALYZE, VACUUM)."""
+        conn: AsyncConnection
+        async with self._writer.begin() as conn:
+            await conn.execute(text(statement))
+
+
+def _period(value: Any, interval: str | None) -> str | None:
+    if interval is None:
+        return None
+    if interval == "month":
+        return f"{value}-01T00:00:00+00:00"
+    return datetime.fromtimestamp(int(value), UTC).isoformat()
+
+
+def _latency(row: Mapping[str, Any], prefix: str, count: int, total: float) -> dict[str, Any]:
+    counts = [int(row[f"{prefix}_{i}"] or 0) for i in range(len(LATENCY))]
+    return {
+        "avg": round(total / count, 1) if count else None,
+        "p50": quantile(counts, 0.5),
+        "p95": quantile(counts, 0.95),
+    }
+
+
+def _summary_row(row: Mapping[str, Any], q: SummaryQuery, dims: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if q.interval is not None:
+        out["period"] = _period(row["period"], q.interval)
+    out.update({d: row[d] for d in dims})
+    requests = int(row["requests"] or 0)
+    prompt = int(row["prompt_tokens"] or 0)
+    cached = int(row["cached_tokens"] or 0)
+    out.update(
+        requests=requests,
+        errors=int(row["errors"] or 0),
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=int(row["completion_tokens"] or 0),
+        reasoning_tokens=int(row["reasoning_tokens"] or 0),
+        cache_hit_rate=round(cached / prompt, 4) if prompt else None,
+        cost=round(float(row["cost"] or 0.0), 6),
+    )
+    if q.latency:
+        out["latency_ms"] = _latency(row, "lat", requests, float(row["latency_sum_ms"] or 0))
+        ttft = int(row["ttft_count"] or 0)
+        out["ttft_ms"] = _latency(row, "ttft", ttft, float(row["ttft_sum_ms"] or 0))
+    return out

@@ -1,0 +1,64 @@
+"""Fixtures of the usage store tests: a store URL on SQLite (a file of the test's own) and on
+a real PostgreSQL server the tests start (one per session, a database per test)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gateway.usage_store.postgres import PrivatePostgres
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PrivatePostgres]:
+    server = PrivatePostgres()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}"
+    server: PrivatePostgres = request.getfixturevalue("postgres_server")
+    name = f"usage_{uuid.uuid4().hex[:12]}"
+    server.create_database(name)
+    return server.url(name)
+
+
+def stream_fields(i: int, ts_s: float, **over: Any) -> dict[str, str]:
+    """A usage stream entry's fields as settlement writes them (gateway/keys/usage.py)."""
+    from datetime import UTC, datetime
+
+    fields = {
+        "charged_tokens": "30",
+        "ts": datetime.fromtimestamp(ts_s, UTC).isoformat(),
+        "request_id": f"req-{i}",
+        "key_id": f"key{i % 3}",
+        "model": f"model{i % 2}",
+        "provider": "mock",
+        "route_model": "echo",
+        "thinking": "off",
+        "route_reason": "route",
+        "route": "provider=mock",
+        "prompt_tokens": "20",
+        "completion_tokens": "10",
+        "reasoning_tokens": "2",
+        "cached_tokens": "5",
+        "max_tokens": "50",
+        "reserved_tokens": "70",
+        "latency_ms": f"{10 + i % 100}.0",
+        "ttft_ms": f"{1 + i % 10}.0",
+        "status": "200",
+        "error_code": "",
+        "cost": "0.001",
+    }
+    fields.update({k: str(v) for k, v in over.items()})
+    return fields
