@@ -56,6 +56,8 @@ def _query(request: web.Request, model: type[Query], **fixed: str) -> Query:
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
         field = ".".join(str(part) for part in error["loc"]) or None
+        if field is None:
+            raise InvalidRequest(f"Invalid query: {error['msg']}.") from None
         if error["type"] == "extra_forbidden":
             raise InvalidRequest(f"Unknown parameter '{field}'.", param=field) from None
         raise InvalidRequest(f"Invalid value for '{field}': {error['msg']}.", param=field) from None
