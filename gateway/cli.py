@@ -1,4 +1,4 @@
-"""`python -m gateway serve|keys|usage`: the operator's command line."""
+"""`python -m gateway serve|keys|usage|usage-store`: the operator's command line."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from gateway.admin import keys_cli
 from gateway.logging import configure_logging
 from gateway.serve import serve_process
 from gateway.settings import load_settings
+from gateway.usage_store import cli as usage_store_cli
 from gateway.workers import serve_workers
 
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.set_defaults(func=_serve)
     keys_cli.register(sub)
+    usage_store_cli.register(sub)
     return parser
 
 
