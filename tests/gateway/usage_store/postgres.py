@@ -29,7 +29,9 @@ class PrivatePostgres:
     """`start`, `stop` (fast shutdown), `kill` (immediate: as a crash) and `start` again on
     the same data directory. `url(db)`: an asyncpg SQLAlchemy URL."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = False) -> None:
+        """`durable`: fsync on (as in production); the tests' server runs without."""
+        self.durable = durable
         bindir = _bindir()
         if bindir is None:
             pytest.skip("PostgreSQL is not installed (scripts/setup.sh installs it)")
@@ -54,7 +56,8 @@ class PrivatePostgres:
         self.proc = subprocess.Popen(
             [*self._as, str(self.bindir / "postgres"), "-D", str(self.dir / "data"),
              "-p", str(self.port), "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1",
-             "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200"],
+             *([] if self.durable else ["-c", "fsync=off", "-c", "full_page_writes=off"]),
+             "-c", "max_connections=200"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 30
