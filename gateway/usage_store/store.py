@@ -18,8 +18,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, and_, delete, event, func, literal, or_, select, text
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Float,
+    Integer,
+    String,
+    Table,
+    and_,
+    delete,
+    event,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -75,19 +89,7 @@ class UsageStore:
     def __init__(self, writer: AsyncEngine, reader: AsyncEngine) -> None:
         self._writer, self._reader = writer, reader
         self.dialect = writer.dialect.name
-        dialect_insert = sqlite.insert if self.dialect == "sqlite" else postgresql.insert
-        self._insert_records = (
-            dialect_insert(records)
-            .on_conflict_do_nothing(index_elements=["record_id"])
-            .returning(records.c.record_id)
-        )
-        self._upserts = {}
-        for table in (hourly, daily):
-            stmt = dialect_insert(table)
-            self._upserts[table.name] = stmt.on_conflict_do_update(
-                index_elements=["bucket", *DIMENSIONS],
-                set_={c: table.c[c] + stmt.excluded[c] for c in ADDED},
-            )
+        self._sql = _FastSQL(self.dialect)
 
     @classmethod
     async def open(cls, url: str) -> UsageStore:
@@ -122,12 +124,11 @@ class UsageStore:
         if not unique:
             return 0
         async with self._writer.begin() as conn:
-            result = await conn.execute(self._insert_records, unique)
-            new = set(result.scalars().all())
+            new = await self._sql.insert_records(conn, unique)
             fresh = [row for row in unique if row["record_id"] in new]
             if fresh:
                 for table, width in ((hourly, HOUR_S), (daily, DAY_S)):
-                    await conn.execute(self._upserts[table.name], rollups(fresh, width))
+                    await self._sql.add_rollups(conn, table, rollups(fresh, width))
         return len(fresh)
 
     async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
@@ -252,6 +253,83 @@ class UsageStore:
         conn: AsyncConnection
         async with self._writer.begin() as conn:
             await conn.execute(text(statement))
+
+
+_PG_TYPES = ((BigInteger, "bigint"), (Integer, "integer"), (Float, "float8"), (String, "text"))
+
+
+def _pg_type(table: Table, column: str) -> str:
+    kind = table.c[column].type
+    return next(name for cls, name in _PG_TYPES if isinstance(kind, cls))
+
+
+class _FastSQL:
+    """The insert path's statements, written for each driver: SQLAlchemy's per-row parameter
+    handling cost more than the database's work. PostgreSQL gets one statement per batch
+    (column arrays, `unnest`); SQLite multi-row VALUES and the driver's executemany."""
+
+    def __init__(self, dialect: str) -> None:
+        self.dialect = dialect
+        conflict = "ON CONFLICT (record_id) DO NOTHING RETURNING record_id"
+        names = ", ".join(RECORD_COLUMNS)
+        if dialect == "postgresql":
+            arrays = ", ".join(
+                f"${i}::{_pg_type(records, c)}[]" for i, c in enumerate(RECORD_COLUMNS, 1)
+            )
+            self._records = (
+                f"INSERT INTO usage_records ({names}) SELECT * FROM unnest({arrays}) {conflict}"
+            )
+        else:
+            one = "(" + ", ".join("?" * len(RECORD_COLUMNS)) + ")"
+            self._records_head = f"INSERT INTO usage_records ({names}) VALUES "
+            self._records_one = one
+            self._records_tail = f" {conflict}"
+        self.rollup_columns = ("bucket", *DIMENSIONS, *ADDED)
+        self._rollups = {}
+        for table in (hourly, daily):
+            cols = ", ".join(self.rollup_columns)
+            keys = ", ".join(("bucket", *DIMENSIONS))
+            sets = ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in ADDED)
+            if dialect == "postgresql":
+                arrays = ", ".join(
+                    f"${i}::{_pg_type(table, c)}[]" for i, c in enumerate(self.rollup_columns, 1)
+                )
+                source = f"SELECT * FROM unnest({arrays})"
+            else:
+                source = "VALUES (" + ", ".join("?" * len(self.rollup_columns)) + ")"
+            self._rollups[table.name] = (
+                f"INSERT INTO {table.name} ({cols}) {source} "
+                f"ON CONFLICT ({keys}) DO UPDATE SET {sets}"
+            )
+
+    async def insert_records(
+        self, conn: AsyncConnection, rows: Sequence[Mapping[str, Any]]
+    ) -> set[str]:
+        """Insert rows not stored yet; the ids of those inserted."""
+        if self.dialect == "postgresql":
+            columns = tuple([row[c] for row in rows] for c in RECORD_COLUMNS)
+            result = await conn.exec_driver_sql(self._records, columns)
+            return {row[0] for row in result}
+        new: set[str] = set()
+        per = 32_000 // len(RECORD_COLUMNS)  # SQLite's limit on parameters per statement
+        for start in range(0, len(rows), per):
+            part = rows[start : start + per]
+            sql = self._records_head + ", ".join([self._records_one] * len(part))
+            params = tuple(row[c] for row in part for c in RECORD_COLUMNS)
+            result = await conn.exec_driver_sql(sql + self._records_tail, params)
+            new.update(row[0] for row in result)
+        return new
+
+    async def add_rollups(
+        self, conn: AsyncConnection, table: Table, increments: Sequence[Mapping[str, Any]]
+    ) -> None:
+        sql = self._rollups[table.name]
+        if self.dialect == "postgresql":
+            columns = tuple([row[c] for row in increments] for c in self.rollup_columns)
+            await conn.exec_driver_sql(sql, columns)
+        else:
+            params = [tuple(row[c] for c in self.rollup_columns) for row in increments]
+            await conn.exec_driver_sql(sql, params)
 
 
 def _period(value: Any, interval: str | None) -> str | None:
