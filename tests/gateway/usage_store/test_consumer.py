@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from gateway.keys.store import text
 from gateway.usage_store.consumer import UsageConsumer
@@ -123,6 +124,7 @@ async def test_a_crash_between_commit_and_ack_stores_nothing_twice(
 _CHILD = """
 import asyncio, sys
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from gateway.usage_store.consumer import UsageConsumer
 from gateway.usage_store.settings import UsageSettings
 from gateway.usage_store.store import UsageStore
@@ -235,6 +237,14 @@ async def test_redis_stopped_mid_batch_loses_nothing(
         private_redis.stop()  # written to its append-only file, then gone
         assert await store.count() < 5000
         private_redis.start()
+
+        async def loaded() -> bool:  # its append-only file read back
+            try:
+                return int((await redis.info("persistence"))["loading"]) == 0
+            except RedisError:
+                return False
+
+        await eventually(loaded)
         added += await add(redis, stream, 300, first=5000)
 
         async def all_stored() -> bool:
