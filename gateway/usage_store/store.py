@@ -187,10 +187,11 @@ class UsageStore:
             .order_by(*groups)
         )
         async with self._reader.connect() as conn:
-            result = await conn.execute(stmt)
-            # (an aggregate without groups over no rows is one row of nulls)
-            found = [row for row in result.mappings() if row["requests"] is not None]
-            return [_summary_row(dict(row), q, dims) for row in found]
+            found = (await conn.execute(stmt)).all()
+        head = len(columns)  # then the sums, in the order of `added`
+        at = {name: head + i for i, name in enumerate(added)}
+        # (an aggregate without groups over no rows is one row of nulls)
+        return [_summary_row(row, at, q, dims) for row in found if row[at["requests"]] is not None]
 
     async def records(self, q: RecordsQuery) -> tuple[list[dict[str, Any]], str | None]:
         """One page of records, newest first, and the cursor of the next page (None: last)."""
@@ -340,8 +341,8 @@ def _period(value: Any, interval: str | None) -> str | None:
     return datetime.fromtimestamp(int(value), UTC).isoformat()
 
 
-def _latency(row: Mapping[str, Any], prefix: str, count: int, total: float) -> dict[str, Any]:
-    counts = [int(row[f"{prefix}_{i}"] or 0) for i in range(len(LATENCY))]
+def _latency(hist: Sequence[Any], count: int, total: float) -> dict[str, Any]:
+    counts = [int(n or 0) for n in hist]
     return {
         "avg": round(total / count, 1) if count else None,
         "p50": quantile(counts, 0.5),
@@ -349,26 +350,36 @@ def _latency(row: Mapping[str, Any], prefix: str, count: int, total: float) -> d
     }
 
 
-def _summary_row(row: Mapping[str, Any], q: SummaryQuery, dims: list[str]) -> dict[str, Any]:
+def _summary_row(
+    row: Sequence[Any], at: dict[str, int], q: SummaryQuery, dims: list[str]
+) -> dict[str, Any]:
+    """One summary row from a result row: `at` maps each sum's name to its position; the
+    period (with an interval) and the dimensions come first."""
     out: dict[str, Any] = {}
+    first = 0
     if q.interval is not None:
-        out["period"] = _period(row["period"], q.interval)
-    out.update({d: row[d] for d in dims})
-    requests = int(row["requests"] or 0)
-    prompt = int(row["prompt_tokens"] or 0)
-    cached = int(row["cached_tokens"] or 0)
+        out["period"] = _period(row[0], q.interval)
+        first = 1
+    for i, d in enumerate(dims, first):
+        out[d] = row[i]
+    requests = int(row[at["requests"]] or 0)
+    prompt = int(row[at["prompt_tokens"]] or 0)
+    cached = int(row[at["cached_tokens"]] or 0)
     out.update(
         requests=requests,
-        errors=int(row["errors"] or 0),
+        errors=int(row[at["errors"]] or 0),
         prompt_tokens=prompt,
         cached_tokens=cached,
-        completion_tokens=int(row["completion_tokens"] or 0),
-        reasoning_tokens=int(row["reasoning_tokens"] or 0),
+        completion_tokens=int(row[at["completion_tokens"]] or 0),
+        reasoning_tokens=int(row[at["reasoning_tokens"]] or 0),
         cache_hit_rate=round(cached / prompt, 4) if prompt else None,
-        cost=round(float(row["cost"] or 0.0), 6),
+        cost=round(float(row[at["cost"]] or 0.0), 6),
     )
     if q.latency:
-        out["latency_ms"] = _latency(row, "lat", requests, float(row["latency_sum_ms"] or 0))
-        ttft = int(row["ttft_count"] or 0)
-        out["ttft_ms"] = _latency(row, "ttft", ttft, float(row["ttft_sum_ms"] or 0))
+        lat, ttft_at, n = at[LATENCY[0]], at[TTFT[0]], len(LATENCY)
+        total = float(row[at["latency_sum_ms"]] or 0)
+        out["latency_ms"] = _latency(row[lat : lat + n], requests, total)
+        ttft = int(row[at["ttft_count"]] or 0)
+        ttft_total = float(row[at["ttft_sum_ms"]] or 0)
+        out["ttft_ms"] = _latency(row[ttft_at : ttft_at + n], ttft, ttft_total)
     return out
