@@ -43,6 +43,13 @@ class Filters(BaseModel):
     start: datetime | None = None
     end: datetime | None = None
 
+    @field_validator("key", "model", "provider", "error_code")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        if value is not None and ("\x00" in value or len(value) > 200):
+            raise ValueError("must be at most 200 characters, without NUL")
+        return value
+
     @field_validator("start", "end")
     @classmethod
     def _as_utc(cls, value: datetime | None) -> datetime | None:

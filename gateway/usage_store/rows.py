@@ -38,7 +38,11 @@ def _ts_ms(value: str | None, entry_id: str) -> int:
 
 def row_of(entry_id: str, fields: Mapping[str, str], local: frozenset[str]) -> dict[str, Any]:
     """The row for stream entry `entry_id` (its `fields` decoded); `local`: the names of the
-    local engine's providers (their route is "local", any other provider's "upstream")."""
+    local engine's providers (their route is "local", any other provider's "upstream").
+    Any entry makes a storable row (text cut to its column, NUL removed: PostgreSQL refuses
+    it), so that no record can stop the consumer."""
+    if any("\x00" in value for value in fields.values()):
+        fields = {k: v.replace("\x00", "") for k, v in fields.items()}
     provider = fields.get("provider", "")
     route = "" if not provider else ("local" if provider in local else "upstream")
     return {

@@ -126,3 +126,18 @@ async def test_migrations_apply_once(store_url: str) -> None:
         assert await again.count() == 10
     finally:
         await again.aclose()
+
+
+async def test_any_stream_entry_is_storable(store_url: str) -> None:
+    """Odd text (NUL, overlong) or numbers in an entry never stop the consumer's batch."""
+    store = await UsageStore.open(store_url)
+    try:
+        odd = stream_fields(1, DAY0, request_id="a\x00b" * 100, model="m" * 500,
+                            status="oops", latency_ms="nan", ttft_ms="")  # fmt: skip
+        assert await store.insert([row_of("5-0", odd, frozenset()), *rows(3)]) == 4
+        page, _ = await store.records(RecordsQuery(limit=10))
+        [row] = [r for r in page if r["record_id"] == "5-0"]
+        assert row["request_id"] == ("ab" * 100)[:128] and row["status"] == 0
+        assert row["ttft_ms"] is None and row["latency_ms"] == 0.0
+    finally:
+        await store.aclose()

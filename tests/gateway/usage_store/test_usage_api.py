@@ -137,6 +137,7 @@ async def test_requests_are_stored_priced_and_reported(
         ("/admin/usage/records", {"limit": "0"}, "limit"),
         ("/admin/usage/records", {"cursor": "nonsense"}, "cursor"),
         ("/admin/usage/export", {"route": "sideways"}, "route"),
+        ("/admin/usage/records", {"key": "a\x00b"}, "key"),
     ],
 )
 async def test_bad_queries_are_400s(
