@@ -75,28 +75,41 @@ def failed(row: Mapping[str, Any]) -> bool:
     return bool(row["status"] >= 400 or row["error_code"])
 
 
-def rollups(rows: Iterable[Mapping[str, Any]], bucket_s: int) -> list[dict[str, Any]]:
-    """Rollup increments of `rows` in buckets of `bucket_s` seconds, sorted by primary key
-    (so concurrent writers lock rows in one order)."""
-    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+ROLLUP_COLUMNS = ("bucket", *DIMENSIONS, *ADDED)  # the order of `rollups`' values
+_AT = {name: i for i, name in enumerate(ROLLUP_COLUMNS)}
+_REQUESTS, _ERRORS, _COST, _LAT_SUM = (
+    _AT[c] for c in ("requests", "errors", "cost", "latency_sum_ms")
+)
+_TTFT_COUNT, _TTFT_SUM = _AT["ttft_count"], _AT["ttft_sum_ms"]
+_LAT0, _TTFT0 = _AT["lat_0"], _AT["ttft_0"]
+_TOKENS = tuple(
+    (name, _AT[name])
+    for name in ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+)
+
+
+def rollups(rows: Iterable[Mapping[str, Any]], bucket_s: int) -> list[list[Any]]:
+    """Rollup increments of `rows` in buckets of `bucket_s` seconds, each a list of values in
+    the order of `ROLLUP_COLUMNS`, sorted by primary key (so that concurrent writers lock rows
+    in one order)."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    width = len(ADDED)
     for row in rows:
-        bucket = row["ts_ms"] // 1000 // bucket_s * bucket_s
-        pk = (bucket, *(row[d] for d in DIMENSIONS))
+        pk = (row["ts_ms"] // 1000 // bucket_s * bucket_s, *(row[d] for d in DIMENSIONS))
         group = groups.get(pk)
         if group is None:
-            group = groups[pk] = dict.fromkeys(ADDED, 0)
-            group["bucket"] = bucket
-            group.update({d: row[d] for d in DIMENSIONS})
-            group["cost"] = group["latency_sum_ms"] = group["ttft_sum_ms"] = 0.0
-        group["requests"] += 1
-        group["errors"] += failed(row)
-        for name in ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens"):
-            group[name] += row[name]
-        group["cost"] += row["cost"]
-        group["latency_sum_ms"] += row["latency_ms"]
-        group[f"lat_{bucket_of(row['latency_ms'])}"] += 1
-        if row["ttft_ms"] is not None:
-            group["ttft_count"] += 1
-            group["ttft_sum_ms"] += row["ttft_ms"]
-            group[f"ttft_{bucket_of(row['ttft_ms'])}"] += 1
+            group = groups[pk] = [*pk, *([0] * width)]
+            group[_COST] = group[_LAT_SUM] = group[_TTFT_SUM] = 0.0
+        group[_REQUESTS] += 1
+        group[_ERRORS] += failed(row)
+        for name, at in _TOKENS:
+            group[at] += row[name]
+        group[_COST] += row["cost"]
+        group[_LAT_SUM] += row["latency_ms"]
+        group[_LAT0 + bucket_of(row["latency_ms"])] += 1
+        ttft = row["ttft_ms"]
+        if ttft is not None:
+            group[_TTFT_COUNT] += 1
+            group[_TTFT_SUM] += ttft
+            group[_TTFT0 + bucket_of(ttft)] += 1
     return [groups[pk] for pk in sorted(groups)]

@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from gateway.usage_store.queries import COLUMN, ExportQuery, Filters, RecordsQuery, SummaryQuery
-from gateway.usage_store.rows import DAY_S, HOUR_S, rollups
+from gateway.usage_store.rows import DAY_S, HOUR_S, ROLLUP_COLUMNS, rollups
 from gateway.usage_store.schema import (
     ADDED,
     COUNTERS,
@@ -285,7 +285,7 @@ class _FastSQL:
             self._records_head = f"INSERT INTO usage_records ({names}) VALUES "
             self._records_one = one
             self._records_tail = f" {conflict}"
-        self.rollup_columns = ("bucket", *DIMENSIONS, *ADDED)
+        self.rollup_columns = ROLLUP_COLUMNS
         self._rollups = {}
         for table in (hourly, daily):
             cols = ", ".join(self.rollup_columns)
@@ -322,15 +322,15 @@ class _FastSQL:
         return new
 
     async def add_rollups(
-        self, conn: AsyncConnection, table: Table, increments: Sequence[Mapping[str, Any]]
+        self, conn: AsyncConnection, table: Table, increments: list[list[Any]]
     ) -> None:
+        """Add `rows.rollups` increments to `table`."""
         sql = self._rollups[table.name]
         if self.dialect == "postgresql":
-            columns = tuple([row[c] for row in increments] for c in self.rollup_columns)
+            columns = tuple(list(column) for column in zip(*increments, strict=True))
             await conn.exec_driver_sql(sql, columns)
         else:
-            params = [tuple(row[c] for c in self.rollup_columns) for row in increments]
-            await conn.exec_driver_sql(sql, params)
+            await conn.exec_driver_sql(sql, [tuple(row) for row in increments])
 
 
 def _period(value: Any, interval: str | None) -> str | None:
