@@ -32,6 +32,7 @@ from gateway.resources import (
     ROUTER,
     SETTINGS,
     SIGNER,
+    USAGE_STORE,
     WORKER,
 )
 from gateway.routing import Router
@@ -43,6 +44,8 @@ from gateway.routing.sticky import Stickiness
 from gateway.server.middleware import add_request_id, error_middleware
 from gateway.server.redis_server import open_redis
 from gateway.server.sse_stream import KeepAlive
+from gateway.usage_store.pricing import Pricing
+from gateway.usage_store.service import open_usage_store
 from gateway.wire.thinking_signature import ThinkingSigner
 from plumbing.busy_wait import NO_SPIN, BusyWait, Spin
 
@@ -106,16 +109,26 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         redis = await stack.enter_async_context(open_redis(settings.redis))
         app[REDIS] = redis
         access: AccessControl
+        local = frozenset(n for n, p in settings.live_providers()[0].items() if p.kind == "local")
         if settings.auth.enabled:
+            usage = settings.usage
             keyed = RedisAccessControl(
                 redis,
                 prefix=settings.redis.key_prefix,
-                usage_stream_maxlen=settings.limits.usage_stream_maxlen,
+                # With a usage store its consumer trims the stream, after storing.
+                usage_stream_maxlen=0 if usage.enabled else settings.limits.usage_stream_maxlen,
                 slot_lease_s=settings.limits.slot_lease_s,
                 spool_dir=settings.limits.spool_dir,
                 timeout_s=settings.redis.timeout_s,
                 busy=busy,
+                pricing=Pricing(usage, local),
             )
+            if usage.enabled:
+                app[USAGE_STORE] = await stack.enter_async_context(
+                    open_usage_store(
+                        redis, usage, stream=keyed.store.space.usage_log(), local_providers=local
+                    )
+                )
             await keyed.start()
             stack.push_async_callback(keyed.aclose)  # runs after the pipeline's drain below
             access = keyed
@@ -150,7 +163,6 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             if len(accounts) > 1 and name in providers:
                 breakers.accounts[name] = tuple(identity for identity, _ in accounts)
         app[BREAKERS] = breakers
-        local = frozenset(n for n, p in live.items() if p.kind == "local")
         stickiness = Stickiness(redis, settings.redis.key_prefix, routing.sticky_ttl_s)
         stack.push_async_callback(stickiness.drain)  # its writes land before Redis closes
         decider = Decider(routing, local, providers, stickiness)

@@ -1,4 +1,4 @@
-"""`python -m gateway serve|keys|usage`: the operator's command line."""
+"""`python -m gateway serve|keys|usage|usage-store`: the operator's command line."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from gateway.config.settings import load_settings
 from gateway.observability.logging import configure_logging
 from gateway.server.serve import serve_process
 from gateway.server.workers import serve_workers
+from gateway.usage_store import cli as usage_store_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.set_defaults(func=_serve)
     keys_cli.register(sub)
+    usage_store_cli.register(sub)
     return parser
 
 

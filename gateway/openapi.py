@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from gateway.keys.records import KeyCreate, KeyUpdate, UsageQuery
+from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
 from gateway.wire.chat_request import ChatBody, CompletionBody
 from gateway.wire.responses_request import ResponsesBody
 
@@ -92,6 +93,42 @@ def _operation(
     return operation
 
 
+def _usage_store_paths(key_id: list[dict[str, Any]]) -> dict[str, Any]:
+    """The usage store's reports (404 `usage_store_disabled` without `[usage] enabled`)."""
+    export = _operation(
+        "Usage records as CSV, oldest first (streamed)",
+        security=_ADMIN,
+        parameters=_query(ExportQuery),
+    )
+    export["responses"]["200"]["content"] = {"text/csv": {"schema": {"type": "string"}}}
+    summary = _query(SummaryQuery)
+    return {
+        "/admin/usage/summary": {
+            "get": _operation(
+                "Usage totals by key, model, provider, route, thinking, status or error code; "
+                "per hour, day or month",
+                security=_ADMIN,
+                parameters=summary,
+            )
+        },
+        "/admin/usage/records": {
+            "get": _operation(
+                "Usage records, newest first, paged (metadata only)",
+                security=_ADMIN,
+                parameters=_query(RecordsQuery),
+            )
+        },
+        "/admin/usage/export": {"get": export},
+        "/admin/keys/{id}/usage": {
+            "get": _operation(
+                "One key's usage totals",
+                security=_ADMIN,
+                parameters=key_id + [p for p in summary if p["name"] != "key"],
+            )
+        },
+    }
+
+
 def build_openapi() -> dict[str, Any]:
     _, defs = models_json_schema([(m, "validation") for m in _BODIES], ref_template=_REF)
     schemas = {**defs["$defs"], "Error": _ERROR}
@@ -149,6 +186,7 @@ def build_openapi() -> dict[str, Any]:
         "/admin/usage": {
             "get": _operation("Usage totals", security=_ADMIN, parameters=_query(UsageQuery))
         },
+        **_usage_store_paths(key_id),
     }
     return {
         "openapi": "3.1.0",

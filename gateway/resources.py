@@ -14,6 +14,7 @@ from gateway.observability.metrics import Metrics
 from gateway.pipeline.pipeline import Pipeline
 from gateway.routing import Router
 from gateway.routing.breaker import Breakers
+from gateway.usage_store.store import UsageStore
 from gateway.wire.thinking_signature import ThinkingSigner
 from providers.local.engine_client import EngineClient
 
@@ -47,3 +48,4 @@ SIGNER = web.AppKey("thinking_signer", ThinkingSigner)
 CLUSTER = web.AppKey("cluster", ClusterNode)
 WORKER = web.AppKey("worker", int)  # which serving process this is (gateway/server/workers.py)
 ENGINE_HOST = web.AppKey[EngineHost]("engine_host")
+USAGE_STORE = web.AppKey("usage_store", UsageStore)  # only with `[usage] enabled`

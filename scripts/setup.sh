@@ -9,6 +9,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
 fi
 
+# PostgreSQL: the usage store's cluster backend; its tests start a server of their own.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq postgresql >/dev/null
+fi
+
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null

@@ -29,7 +29,9 @@ ADMIN_KEY = "admin-" + uuid.uuid4().hex
 
 
 class ThreadedGateway:
-    def __init__(self) -> None:
+    def __init__(self, **overrides: Any) -> None:
+        """`overrides`: settings sections, e.g. `usage={...}`."""
+        self._overrides = overrides
         self.prefix = f"test:{uuid.uuid4().hex}:"
         self.root = ""
         self.key = ""
@@ -61,7 +63,7 @@ class ThreadedGateway:
         settings = gateway_settings(mock, self.prefix, admin={"api_key": ADMIN_KEY})
         providers = {"mock": settings.providers["mock"].model_copy(update={"direct_models": ()})}
         settings = gateway_settings(
-            mock, self.prefix, admin={"api_key": ADMIN_KEY}, providers=providers
+            mock, self.prefix, admin={"api_key": ADMIN_KEY}, providers=providers, **self._overrides
         )
         runner, self.root = await start_gateway(settings)
         client = AsyncRedis.from_url(REDIS_URL)

@@ -23,6 +23,7 @@ from gateway.keys.store import KeyStore
 from gateway.keys.usage import UsageReader
 from gateway.resources import REDIS
 from gateway.server.request_body import read_body
+from gateway.usage_store import admin as usage_store_admin
 
 log = structlog.get_logger("gateway.admin")
 
@@ -59,7 +60,9 @@ def setup_admin(app: web.Application, settings: Settings) -> None:
             web.patch("/keys/{id}", update_key),
             web.delete("/keys/{id}", revoke_key),
             web.post("/keys/{id}/rotate", rotate_key),
+            web.get("/keys/{id}/usage", key_usage),
             web.get("/usage", usage),
+            *usage_store_admin.routes(),
         ]
     )
     app.add_subapp("/admin", admin)
@@ -159,3 +162,12 @@ async def usage(request: web.Request) -> web.Response:
     if query.start and query.end and query.start.date() > query.end.date():
         raise InvalidRequest("'start' is after 'end'.", param="start")
     return web.json_response(await request.app[USAGE].query(query))
+
+
+async def key_usage(request: web.Request) -> web.Response:
+    """The key's own usage from the usage store (GET /admin/usage/summary's parameters)."""
+    key_id = request.match_info["id"]
+    await request.app[STORE].get(key_id)  # 404 for a key that does not exist
+    if "key" in request.query:
+        raise InvalidRequest("'key' is fixed by the path.", param="key")
+    return await usage_store_admin.summary_response(request, key=key_id)

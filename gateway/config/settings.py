@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from backend.engine.engine_config import EngineConfig
 from gateway.config.cluster import ClusterSettings
 from gateway.config.routing import RoutingSettings
+from gateway.usage_store.settings import UsageSettings
 from plumbing.busy_wait import Spin
 from providers.transport.http1_proxy import Proxy, proxy_for
 from providers.upstream.openai_wire import FimStyle, ThinkingStyle
@@ -581,6 +582,11 @@ class Settings(BaseSettings):
     messages: MessagesSettings = Field(
         default=MessagesSettings(), description="The Anthropic Messages API (/v1/messages)."
     )
+    usage: UsageSettings = Field(
+        default=UsageSettings(),
+        description="The SQL usage store: where usage records are kept and queried, retention, "
+        "prices.",
+    )
     use_presets: bool = Field(
         default=True,
         description="Add the built-in TaoToken, DeepSeek and OpenAI providers whose key's "
@@ -636,6 +642,12 @@ class Settings(BaseSettings):
                         f"provider {name!r}: the proxy in the environment (HTTPS_PROXY / "
                         f"HTTP_PROXY) is unusable: {exc}"
                     ) from None
+        return self
+
+    @model_validator(mode="after")
+    def _usage_needs_auth(self) -> Settings:
+        if self.usage.enabled and not self.auth.enabled:
+            raise ValueError("usage.enabled needs auth.enabled: without keys nothing is recorded")
         return self
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ from gateway.keys.spool import Spool
 from gateway.keys.store import SECRET_PREFIX, KeyStore, digest
 from gateway.keys.usage import usage_entry
 from gateway.routing.policy import DEFAULT_POLICY
+from gateway.usage_store.pricing import Pricing
 from plumbing.busy_wait import BusyWait
 
 log = structlog.get_logger("gateway.access.contract")
@@ -56,7 +57,9 @@ class RedisAccessControl:
         auth_cache_size: int = 10_000,
         busy: BusyWait | None = None,
         clock: Callable[[], float] = time.time,
+        pricing: Pricing | None = None,
     ) -> None:
+        self._pricing = pricing
         self.store = KeyStore(redis, prefix=prefix, clock=clock)
         self._limiter = Limiter(
             redis,
@@ -167,13 +170,26 @@ class RedisAccessControl:
             token=grant.token,
             reserved=grant.reserved_tokens,
             used=outcome.usage.total_tokens,
-            entry=usage_entry(grant, outcome, self._clock()),
+            entry=usage_entry(grant, outcome, self._clock(), self._cost(grant, outcome)),
         )
         self.keeper.drop(grant.token)
         landing = self._limiter.settle(settlement, at_once=not self.keeper.holding)
         done: asyncio.Future[None] = landing.get_loop().create_future()
         landing.add_done_callback(partial(self._landed, settlement, done))
         return done
+
+    def _cost(self, grant: Grant, outcome: Outcome) -> float:
+        if self._pricing is None:
+            return 0.0
+        usage = outcome.usage
+        return self._pricing.cost(
+            grant.ticket.model,
+            outcome.provider,
+            outcome.route_model,
+            usage.prompt_tokens,
+            usage.cached_prompt_tokens,
+            usage.completion_tokens,
+        )
 
     def _landed(
         self, settlement: Settlement, done: asyncio.Future[None], landing: asyncio.Future[int]

@@ -51,6 +51,7 @@ RECORD_FIELDS = (
     "ttft_ms",
     "status",
     "error_code",
+    "cost",
 )
 
 
@@ -67,7 +68,8 @@ class UsageEntry:
     record: dict[str, str]  # stream entry
 
 
-def usage_entry(grant: Grant, outcome: Outcome, now: float) -> UsageEntry:
+def usage_entry(grant: Grant, outcome: Outcome, now: float, cost: float = 0.0) -> UsageEntry:
+    """`cost`: what the request cost, in `usage.currency` (see gateway/usage_store/pricing.py)."""
     ticket, usage = grant.ticket, outcome.usage
     moment = datetime.fromtimestamp(now, UTC)
     failed = outcome.status >= 400 or outcome.error_code is not None
@@ -102,6 +104,7 @@ def usage_entry(grant: Grant, outcome: Outcome, now: float) -> UsageEntry:
         "ttft_ms": "" if outcome.ttft_ms is None else f"{outcome.ttft_ms:.1f}",
         "status": str(outcome.status),
         "error_code": outcome.error_code or "",
+        "cost": f"{cost:.9g}",
     }
     return UsageEntry(day=ts[:10], counters=counters, record=record)
 

@@ -9,7 +9,8 @@
 -- KEYS: the keys of each settlement, once for the settlements that name the same ones: 1
 --   key:{id} hash, 2 slots zset, 3 held hash, 4 tpm window of admission, 5 spent (all), 6 spent
 --   (day), 7 spent (month), 8 usage day hash, 9 usage days set, 10 usage stream, 11 gone hash.
--- ARGV: 1 ttl of a day's spent counter (ms), 2 ttl of a month's (ms), 3 stream maxlen, 4 the
+-- ARGV: 1 ttl of a day's spent counter (ms), 2 ttl of a month's (ms), 3 stream maxlen (0: not
+--   trimmed here, the usage store's consumer trims what it has stored), 4 the
 --   settlements, packed with MessagePack (values arrive typed, with none of the cost of an
 --   argument each): per settlement {where its keys start in KEYS (0-based), request token,
 --   reserved tokens, used tokens (prompt + completion), UTC day, {counter field = increment},
@@ -90,7 +91,7 @@ local function settle(k, s)
              'route_reason', s[14], 'route', s[15], 'prompt_tokens', s[16],
              'completion_tokens', s[17], 'reasoning_tokens', s[18], 'cached_tokens', s[19],
              'max_tokens', s[20], 'reserved_tokens', s[21], 'latency_ms', s[22],
-             'ttft_ms', s[23], 'status', s[24], 'error_code', s[25])
+             'ttft_ms', s[23], 'status', s[24], 'error_code', s[25], 'cost', s[26])
   return charge
 end
 
@@ -125,7 +126,9 @@ end
 -- cost Redis about a quarter more CPU per keyed request at 64 clients (benchmarks/redis_cost.py
 -- --maxlen 1000: 32.1 against 25.7 us). Nobody sees the stream between these commands, so
 -- after every call it holds at most maxlen records, as before.
-for stream in pairs(streams) do
-  redis.call('XTRIM', stream, 'MAXLEN', maxlen)
+if tonumber(maxlen) > 0 then
+  for stream in pairs(streams) do
+    redis.call('XTRIM', stream, 'MAXLEN', maxlen)
+  end
 end
 return replies

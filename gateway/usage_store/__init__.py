@@ -1,0 +1,1 @@
+"""The SQL usage store: the Redis usage stream's records, kept in SQLite or PostgreSQL."""

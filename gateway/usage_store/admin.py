@@ -1,0 +1,146 @@
+"""The usage store's admin API, under /admin (mounted by `gateway.admin.api`):
+
+  GET /admin/usage/summary   rollup totals grouped by any of key, model, provider, route,
+                             thinking, status, error_code; per hour, day or month; filtered
+  GET /admin/usage/records   records newest first, paged by `cursor` (metadata only)
+  GET /admin/usage/export    records as CSV, oldest first, streamed (any size)
+and the summary of one key (`key_summary`, for GET /admin/keys/{id}/usage). Without
+`[usage] enabled` they answer 404 `usage_store_disabled`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from gateway.errors import InvalidRequest, NotFound
+from gateway.resources import SETTINGS, USAGE_STORE
+from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
+from gateway.usage_store.store import RECORD_COLUMNS, UsageStore
+
+Query = TypeVar("Query", bound=BaseModel)
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get("/usage/summary", summary),
+        web.get("/usage/records", records),
+        web.get("/usage/export", export),
+    ]
+
+
+def _store(request: web.Request) -> UsageStore:
+    store = request.config_dict.get(USAGE_STORE)
+    if store is None:
+        raise NotFound(
+            "The usage store is not enabled: set [usage] enabled = true.",
+            code="usage_store_disabled",
+        )
+    return store
+
+
+def _query(request: web.Request, model: type[Query], **fixed: str) -> Query:
+    params: dict[str, Any] = {name: value for name, value in request.query.items() if value}
+    for name in params:
+        if len(request.query.getall(name)) > 1:
+            raise InvalidRequest(f"'{name}' is given more than once.", param=name)
+    params.update(fixed)
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in error["loc"]) or None
+        if field is None:
+            raise InvalidRequest(f"Invalid query: {error['msg']}.") from None
+        if error["type"] == "extra_forbidden":
+            raise InvalidRequest(f"Unknown parameter '{field}'.", param=field) from None
+        raise InvalidRequest(f"Invalid value for '{field}': {error['msg']}.", param=field) from None
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+async def summary_response(request: web.Request, **fixed: str) -> web.Response:
+    """The summary of `request`'s query (with `fixed` parameters, e.g. the key of a key's
+    own view)."""
+    store = _store(request)
+    q = _query(request, SummaryQuery, **fixed)
+    data = await store.summary(q)
+    return web.json_response(
+        {
+            "object": "usage.summary",
+            "currency": request.config_dict[SETTINGS].usage.currency,
+            "group_by": q.dimensions(),
+            "interval": q.interval,
+            "start": _iso(q.start),
+            "end": _iso(q.end),
+            "filters": {k: v for k, v in q.equalities().items()},
+            "data": data,
+        }
+    )
+
+
+async def summary(request: web.Request) -> web.Response:
+    return await summary_response(request)
+
+
+def _public(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["record_id"],
+        "object": "usage.record",
+        "created_at": datetime.fromtimestamp(row["ts_ms"] / 1000, UTC).isoformat(),
+        **{k: v for k, v in row.items() if k not in ("record_id", "ts_ms")},
+    }
+
+
+async def records(request: web.Request) -> web.Response:
+    store = _store(request)
+    q = _query(request, RecordsQuery)
+    rows, cursor = await store.records(q)
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [_public(row) for row in rows],
+            "has_more": cursor is not None,
+            "next_cursor": cursor,
+        }
+    )
+
+
+CSV_COLUMNS = ("created_at", *RECORD_COLUMNS)
+
+
+def _csv(rows: list[Sequence[Any]]) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    ts = RECORD_COLUMNS.index("ts_ms")
+    for row in rows:
+        moment = datetime.fromtimestamp(row[ts] / 1000, UTC).isoformat(timespec="milliseconds")
+        writer.writerow((moment, *("" if v is None else v for v in row)))
+    return out.getvalue().encode()
+
+
+async def export(request: web.Request) -> web.StreamResponse:
+    store = _store(request)
+    q = _query(request, ExportQuery)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/csv; charset=utf-8",
+            "Content-Disposition": 'attachment; filename="usage.csv"',
+            "Cache-Control": "no-store",
+        }
+    )
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    await response.write((",".join(CSV_COLUMNS) + "\n").encode())
+    async for chunk in store.export(q):
+        await response.write(_csv(chunk))
+    await response.write_eof()
+    return response

@@ -1,0 +1,182 @@
+"""`UsageConsumer`: moves records from the Redis usage stream into the usage store.
+
+Every process that stores usage runs one; they share one consumer group, so each record is
+read by one of them. A batch is stored (idempotently by entry id, rollups in the same
+transaction), then acknowledged, then the stream is trimmed below the oldest entry not yet
+acknowledged: nothing unstored is ever trimmed. A consumer that failed mid-batch (Redis or
+the database down) re-reads its own pending entries first when it recovers; entries a dead
+consumer read and never acknowledged are claimed (XAUTOCLAIM) after `claim_idle_s`. A crash
+between the commit and the ack stores nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.keys.store import text
+from gateway.usage_store.rows import row_of
+from gateway.usage_store.settings import UsageSettings
+from gateway.usage_store.store import UsageStore
+
+log = structlog.get_logger("gateway.usage_store")
+
+Entry = tuple[Any, dict[Any, Any]]
+_FAILURES = (RedisError, SQLAlchemyError, OSError, asyncio.TimeoutError)
+_MAX_RETRY_S = 30.0
+# Consumers with nothing pending idle this long are removed from the group (dead processes').
+_FORGET_IDLE_MS = 86_400_000
+
+
+def _next_id(entry_id: str) -> str:
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+class UsageConsumer:
+    def __init__(
+        self,
+        redis: Redis,
+        store: UsageStore,
+        *,
+        stream: str,
+        settings: UsageSettings,
+        local_providers: frozenset[str],
+        name: str | None = None,
+    ) -> None:
+        self._redis = redis
+        self._store = store
+        self.stream = stream
+        self.group = settings.group
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self._settings = settings
+        self._local = local_providers
+        self._own_pending = True  # read our own unacknowledged entries before new ones
+        self._stopping = asyncio.Event()
+        self.stored = 0  # records this consumer stored (new to the store)
+
+    async def ensure_group(self) -> None:
+        """Create the group (reading from the stream's start) unless it exists."""
+        try:
+            await self._redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def step(self, block_ms: int | None = None) -> int:
+        """One round: claim a dead consumer's entries, else re-read our own pending ones, else
+        read new ones (waiting up to `block_ms`); store, ack, trim. Returns the entries
+        handled."""
+        batch = self._settings.batch_size
+        entries = await self._claim(batch)
+        if not entries and self._own_pending:
+            entries = await self._read("0", batch, None)
+            self._own_pending = bool(entries)
+        if not entries and not self._own_pending:
+            wait = self._settings.block_ms if block_ms is None else block_ms
+            entries = await self._read(">", batch, wait)
+        if not entries:
+            return 0
+        self._own_pending = True  # until acked: a failure below leaves them ours to retry
+        await self._store_and_ack(entries)
+        self._own_pending = len(entries) >= batch
+        return len(entries)
+
+    async def _read(self, after: str, count: int, block_ms: int | None) -> list[Entry]:
+        reply: Any = await self._redis.xreadgroup(
+            self.group, self.name, {self.stream: after}, count=count, block=block_ms
+        )
+        if not reply:
+            return []
+        # RESP2: [[stream, entries]]; RESP3: {stream: [entries]}.
+        found = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))
+        entries: list[Entry] = found[0] if found and isinstance(found[0], list) else found
+        # Our pending entries trimmed away come back without fields: nothing left to store.
+        gone = [entry_id for entry_id, fields in entries if not fields]
+        if gone:
+            await self._redis.xack(self.stream, self.group, *gone)
+        return [(entry_id, fields) for entry_id, fields in entries if fields]
+
+    async def _claim(self, count: int) -> list[Entry]:
+        idle_ms = int(self._settings.claim_idle_s * 1000)
+        reply: Any = await self._redis.xautoclaim(
+            self.stream, self.group, self.name, idle_ms, start_id="0-0", count=count
+        )
+        entries: list[Entry] = reply[1]
+        deleted = reply[2] if len(reply) > 2 else []
+        if deleted:
+            await self._redis.xack(self.stream, self.group, *deleted)
+        if entries:
+            log.warning("usage_records_claimed", count=len(entries), consumer=self.name)
+        return [(entry_id, fields) for entry_id, fields in entries if fields]
+
+    async def _store_and_ack(self, entries: Sequence[Entry]) -> None:
+        rows = [
+            row_of(text(entry_id), {text(k): text(v) for k, v in fields.items()}, self._local)
+            for entry_id, fields in entries
+        ]
+        self.stored += await self._store.insert(rows)
+        await self._redis.xack(self.stream, self.group, *(entry_id for entry_id, _ in entries))
+        await self.trim()
+
+    async def trim(self) -> None:
+        """Trim the stream below its oldest entry the group has not acknowledged."""
+        groups = await self._redis.xinfo_groups(self.stream)
+        mine = next((g for g in groups if text(g["name"]) == self.group), None)
+        if mine is None:
+            return
+        if int(mine["pending"]):
+            summary = await self._redis.xpending(self.stream, self.group)
+            min_id = text(summary["min"])
+        else:
+            min_id = _next_id(text(mine["last-delivered-id"]))
+        await self._redis.xtrim(self.stream, minid=min_id, approximate=False)
+
+    async def forget_dead(self) -> None:
+        """Remove consumers that hold nothing and have been idle for a day."""
+        for consumer in await self._redis.xinfo_consumers(self.stream, self.group):
+            name = text(consumer["name"])
+            if (
+                name != self.name
+                and int(consumer["pending"]) == 0
+                and int(consumer["idle"]) > _FORGET_IDLE_MS
+            ):
+                await self._redis.xgroup_delconsumer(self.stream, self.group, name)
+
+    async def run(self) -> None:
+        """Consume until `stop()`; a failure (Redis or the database down) is retried with
+        backoff, and nothing read is lost: it stays pending until stored."""
+        delay = self._settings.retry_s
+        ready = False
+        while not self._stopping.is_set():
+            try:
+                if not ready:
+                    await self.ensure_group()
+                    await self.forget_dead()
+                    ready = True
+                await self.step()
+                delay = self._settings.retry_s
+            except _FAILURES as exc:
+                self._own_pending = True
+                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+                    ready = False  # the stream or group was deleted: create it again
+                log.warning(
+                    "usage_consumer_retry", error=f"{type(exc).__name__}: {exc}"[:300], wait_s=delay
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                delay = min(delay * 2, _MAX_RETRY_S)
+
+    def stop(self) -> None:
+        """Finish the batch under way, then return from `run`."""
+        self._stopping.set()

@@ -1,0 +1,46 @@
+"""What a request costs, from `[usage]` prices: computed once, at settlement."""
+
+from __future__ import annotations
+
+from gateway.usage_store.settings import Price, UsageSettings
+
+_FREE = Price()
+
+
+class Pricing:
+    """Price lookup, first match: `route_prices['<provider>/<route model>']`, then the local
+    engine's price for a local provider, then `prices[<model asked for>]`, else free."""
+
+    def __init__(self, settings: UsageSettings, local_providers: frozenset[str]) -> None:
+        self.currency = settings.currency
+        self._routes = settings.route_prices
+        self._models = settings.prices
+        self._local = settings.local_price
+        self._local_providers = local_providers
+
+    def price(self, model: str, provider: str, route_model: str) -> Price:
+        found = self._routes.get(f"{provider}/{route_model}")
+        if found is not None:
+            return found
+        if provider in self._local_providers:
+            return self._local
+        return self._models.get(model, _FREE)
+
+    def cost(
+        self,
+        model: str,
+        provider: str,
+        route_model: str,
+        prompt_tokens: int,
+        cached_tokens: int,
+        completion_tokens: int,
+    ) -> float:
+        """Cost in `currency`: uncached prompt at `input`, cached at `cached_input` (else
+        `input`), completion (reasoning included) at `output`, all per million tokens."""
+        p = self.price(model, provider, route_model)
+        cached = min(max(cached_tokens, 0), prompt_tokens)
+        cached_rate = p.input if p.cached_input is None else p.cached_input
+        total = (
+            (prompt_tokens - cached) * p.input + cached * cached_rate + completion_tokens * p.output
+        )
+        return total / 1_000_000

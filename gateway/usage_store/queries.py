@@ -1,0 +1,100 @@
+"""The admin API's usage queries (query-string parameters), validated."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Dimension = Literal["key", "model", "provider", "route", "thinking", "status", "error_code"]
+Interval = Literal["hour", "day", "month"]
+
+# Query name -> column name.
+COLUMN = {
+    "key": "key_id",
+    "model": "model",
+    "provider": "provider",
+    "route": "route",
+    "thinking": "thinking",
+    "status": "status",
+    "error_code": "error_code",
+}
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Filters(BaseModel):
+    """Equality filters and a time range [start, end) (UTC when no offset is given)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str | None = None
+    model: str | None = None
+    provider: str | None = None
+    route: Literal["local", "upstream", ""] | None = None
+    thinking: Literal["on", "off", ""] | None = None
+    status: int | None = Field(default=None, ge=0, le=999)
+    error_code: str | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+
+    @field_validator("key", "model", "provider", "error_code")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        if value is not None and ("\x00" in value or len(value) > 200):
+            raise ValueError("must be at most 200 characters, without NUL")
+        return value
+
+    @field_validator("start", "end")
+    @classmethod
+    def _as_utc(cls, value: datetime | None) -> datetime | None:
+        return _utc(value)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Filters:
+        if self.start is not None and self.end is not None and self.start >= self.end:
+            raise ValueError("'start' must be before 'end'")
+        return self
+
+    def equalities(self) -> dict[str, str | int]:
+        return {
+            COLUMN[name]: value for name in COLUMN if (value := getattr(self, name)) is not None
+        }
+
+
+class SummaryQuery(Filters):
+    """`GET /admin/usage/summary`: rollup totals per group and period. `group_by`: comma-
+    separated dimensions; `interval`: one row per period (none: the whole range); `latency`:
+    include p50/p95 of TTFT and total latency."""
+
+    group_by: str = ""
+    interval: Interval | None = None
+    latency: bool = True
+
+    @field_validator("group_by")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        for name in (part.strip() for part in value.split(",") if part.strip()):
+            if name not in COLUMN:
+                raise ValueError(f"unknown dimension {name!r} (one of {', '.join(COLUMN)})")
+        return value
+
+    def dimensions(self) -> list[str]:
+        names = [part.strip() for part in self.group_by.split(",") if part.strip()]
+        return list(dict.fromkeys(names))
+
+
+class RecordsQuery(Filters):
+    """`GET /admin/usage/records`: newest first; `cursor`: the previous page's `next_cursor`."""
+
+    limit: int = Field(default=100, ge=1, le=1000)
+    cursor: str | None = Field(default=None, pattern=r"^\d{1,16}:\d{1,20}-\d{1,20}$")
+
+
+class ExportQuery(Filters):
+    """`GET /admin/usage/export`: every record in the range as CSV, oldest first."""

@@ -1,0 +1,115 @@
+"""From a usage stream entry to a `usage_records` row, and from rows to rollup increments."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from gateway.usage_store.schema import ADDED, DIMENSIONS
+from gateway.usage_store.sketch import bucket_of
+
+HOUR_S, DAY_S = 3600, 86_400
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        number = float(value) if value else None
+    except ValueError:
+        return None
+    return number if number is not None and math.isfinite(number) else None
+
+
+def _ts_ms(value: str | None, entry_id: str) -> int:
+    """The record's settlement time; the stream entry id's milliseconds when it has none."""
+    try:
+        return int(datetime.fromisoformat(value or "").timestamp() * 1000)
+    except ValueError:
+        return int(entry_id.split("-", 1)[0])
+
+
+def row_of(entry_id: str, fields: Mapping[str, str], local: frozenset[str]) -> dict[str, Any]:
+    """The row for stream entry `entry_id` (its `fields` decoded); `local`: the names of the
+    local engine's providers (their route is "local", any other provider's "upstream").
+    Any entry makes a storable row (text cut to its column, NUL removed: PostgreSQL refuses
+    it), so that no record can stop the consumer."""
+    if any("\x00" in value for value in fields.values()):
+        fields = {k: v.replace("\x00", "") for k, v in fields.items()}
+    provider = fields.get("provider", "")
+    route = "" if not provider else ("local" if provider in local else "upstream")
+    return {
+        "record_id": entry_id,
+        "ts_ms": _ts_ms(fields.get("ts"), entry_id),
+        "request_id": fields.get("request_id", "")[:128],
+        "key_id": fields.get("key_id", "")[:64],
+        "model": fields.get("model", "")[:200],
+        "provider": provider[:100],
+        "route_model": fields.get("route_model", "")[:200],
+        "route": route,
+        "thinking": fields.get("thinking", "")[:4],
+        "route_reason": fields.get("route_reason", "")[:100],
+        "status": _int(fields.get("status")),
+        "error_code": fields.get("error_code", "")[:100],
+        "prompt_tokens": _int(fields.get("prompt_tokens")),
+        "cached_tokens": _int(fields.get("cached_tokens")),
+        "completion_tokens": _int(fields.get("completion_tokens")),
+        "reasoning_tokens": _int(fields.get("reasoning_tokens")),
+        "max_tokens": _int(fields.get("max_tokens")),
+        "reserved_tokens": _int(fields.get("reserved_tokens")),
+        "charged_tokens": _int(fields.get("charged_tokens")),
+        "cost": _float(fields.get("cost")) or 0.0,
+        "latency_ms": _float(fields.get("latency_ms")) or 0.0,
+        "ttft_ms": _float(fields.get("ttft_ms")),
+    }
+
+
+def failed(row: Mapping[str, Any]) -> bool:
+    return bool(row["status"] >= 400 or row["error_code"])
+
+
+ROLLUP_COLUMNS = ("bucket", *DIMENSIONS, *ADDED)  # the order of `rollups`' values
+_AT = {name: i for i, name in enumerate(ROLLUP_COLUMNS)}
+_REQUESTS, _ERRORS, _COST, _LAT_SUM = (
+    _AT[c] for c in ("requests", "errors", "cost", "latency_sum_ms")
+)
+_TTFT_COUNT, _TTFT_SUM = _AT["ttft_count"], _AT["ttft_sum_ms"]
+_LAT0, _TTFT0 = _AT["lat_0"], _AT["ttft_0"]
+_TOKENS = tuple(
+    (name, _AT[name])
+    for name in ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+)
+
+
+def rollups(rows: Iterable[Mapping[str, Any]], bucket_s: int) -> list[list[Any]]:
+    """Rollup increments of `rows` in buckets of `bucket_s` seconds, each a list of values in
+    the order of `ROLLUP_COLUMNS`, sorted by primary key (so that concurrent writers lock rows
+    in one order)."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    width = len(ADDED)
+    for row in rows:
+        pk = (row["ts_ms"] // 1000 // bucket_s * bucket_s, *(row[d] for d in DIMENSIONS))
+        group = groups.get(pk)
+        if group is None:
+            group = groups[pk] = [*pk, *([0] * width)]
+            group[_COST] = group[_LAT_SUM] = group[_TTFT_SUM] = 0.0
+        group[_REQUESTS] += 1
+        group[_ERRORS] += failed(row)
+        for name, at in _TOKENS:
+            group[at] += row[name]
+        group[_COST] += row["cost"]
+        group[_LAT_SUM] += row["latency_ms"]
+        group[_LAT0 + bucket_of(row["latency_ms"])] += 1
+        ttft = row["ttft_ms"]
+        if ttft is not None:
+            group[_TTFT_COUNT] += 1
+            group[_TTFT_SUM] += ttft
+            group[_TTFT0 + bucket_of(ttft)] += 1
+    return [groups[pk] for pk in sorted(groups)]

@@ -1,0 +1,140 @@
+"""The usage store's tables and their versioned migrations, applied at start.
+
+`usage_records`: one row per settled request (metadata only, never prompt or answer text),
+keyed by its Redis stream entry id, so storing a record twice stores it once.
+`usage_hour` and `usage_day`: rollups by bucket start (epoch seconds, UTC) and the dimensions
+key, model, provider, route (local/upstream), thinking, status and error code; counters add,
+and the latency histograms (`sketch.py`) add column by column.
+`usage_schema`: the versions applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    insert,
+    select,
+)
+from sqlalchemy.sql.schema import SchemaItem
+
+from gateway.usage_store.sketch import BUCKETS
+
+metadata = MetaData()
+
+schema_versions = Table(
+    "usage_schema",
+    metadata,
+    Column("version", Integer, primary_key=True),
+    Column("applied_ms", BigInteger, nullable=False),
+)
+
+records = Table(
+    "usage_records",
+    metadata,
+    Column("record_id", String(40), primary_key=True),  # the stream entry id
+    Column("ts_ms", BigInteger, nullable=False),  # settlement time, epoch ms
+    Column("request_id", String(128), nullable=False),
+    Column("key_id", String(64), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("provider", String(100), nullable=False),
+    Column("route_model", String(200), nullable=False),
+    Column("route", String(16), nullable=False),  # local, upstream, or "" (never routed)
+    Column("thinking", String(4), nullable=False),  # on, off, or ""
+    Column("route_reason", String(100), nullable=False),
+    Column("status", Integer, nullable=False),
+    Column("error_code", String(100), nullable=False),
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("cached_tokens", BigInteger, nullable=False),
+    Column("completion_tokens", BigInteger, nullable=False),
+    Column("reasoning_tokens", BigInteger, nullable=False),
+    Column("max_tokens", BigInteger, nullable=False),
+    Column("reserved_tokens", BigInteger, nullable=False),
+    Column("charged_tokens", BigInteger, nullable=False),
+    Column("cost", Float, nullable=False),
+    Column("latency_ms", Float, nullable=False),
+    Column("ttft_ms", Float, nullable=True),
+    Index("usage_records_ts", "ts_ms"),
+    Index("usage_records_key_ts", "key_id", "ts_ms"),
+)
+
+DIMENSIONS = ("key_id", "model", "provider", "route", "thinking", "status", "error_code")
+COUNTERS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "ttft_count",
+)
+SUMS = ("cost", "latency_sum_ms", "ttft_sum_ms")
+LATENCY = tuple(f"lat_{i}" for i in range(BUCKETS))
+TTFT = tuple(f"ttft_{i}" for i in range(BUCKETS))
+ADDED = COUNTERS + SUMS + LATENCY + TTFT  # every rollup column that merges by addition
+
+
+def _rollup(name: str) -> Table:
+    dims: list[SchemaItem] = [
+        Column("key_id", String(64), primary_key=True),
+        Column("model", String(200), primary_key=True),
+        Column("provider", String(100), primary_key=True),
+        Column("route", String(16), primary_key=True),
+        Column("thinking", String(4), primary_key=True),
+        Column("status", Integer, primary_key=True),
+        Column("error_code", String(100), primary_key=True),
+    ]
+    counters: list[SchemaItem] = [
+        Column(c, BigInteger, nullable=False, default=0) for c in COUNTERS
+    ]
+    sums: list[SchemaItem] = [Column(c, Float, nullable=False, default=0.0) for c in SUMS]
+    sketches: list[SchemaItem] = [
+        Column(c, Integer, nullable=False, default=0) for c in LATENCY + TTFT
+    ]
+    return Table(
+        name,
+        metadata,
+        Column("bucket", BigInteger, primary_key=True),
+        *dims,
+        *counters,
+        *sums,
+        *sketches,
+        Index(f"{name}_key_bucket", "key_id", "bucket"),
+    )
+
+
+hourly = _rollup("usage_hour")
+daily = _rollup("usage_day")
+
+
+def _v1(conn: Connection) -> None:
+    for table in (records, hourly, daily):
+        table.create(conn, checkfirst=True)
+
+
+# Versioned migrations, in order; each runs once, in the transaction that records it.
+MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = ((1, _v1),)
+
+
+def migrate(conn: Connection, now_ms: int) -> list[int]:
+    """Apply the migrations `conn`'s database lacks (the caller holds the migration lock);
+    returns the versions applied."""
+    schema_versions.create(conn, checkfirst=True)
+    have = set(conn.execute(select(schema_versions.c.version)).scalars())
+    applied = []
+    for version, step in MIGRATIONS:
+        if version in have:
+            continue
+        step(conn)
+        conn.execute(insert(schema_versions).values(version=version, applied_ms=now_ms))
+        applied.append(version)
+    return applied

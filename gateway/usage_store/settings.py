@@ -1,0 +1,79 @@
+"""`[usage]`: the SQL usage store, its consumer, retention and prices."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Price(BaseModel):
+    """Prices per million tokens, in `usage.currency`."""
+
+    model_config = _FROZEN
+    input: float = Field(default=0.0, ge=0, description="Per million uncached prompt tokens.")
+    cached_input: float | None = Field(
+        default=None,
+        ge=0,
+        description="Per million prompt tokens served from the provider's cache; unset: `input`.",
+    )
+    output: float = Field(
+        default=0.0, ge=0, description="Per million completion tokens (reasoning included)."
+    )
+
+
+class UsageSettings(BaseModel):
+    model_config = _FROZEN
+
+    enabled: bool = Field(
+        default=False,
+        description="Store every usage record in SQL (needs `auth.enabled`); every node runs "
+        "a consumer, and the Redis stream is trimmed only after its records are stored.",
+    )
+    url: str = Field(
+        default="sqlite+aiosqlite:///.data/usage.db",
+        description="SQLAlchemy URL: `sqlite+aiosqlite:///path` (one node) or "
+        "`postgresql+asyncpg://user:pass@host/db` (every node of a cluster the same).",
+    )
+    group: str = Field(default="usage-store", description="The Redis consumer group's name.")
+    batch_size: int = Field(
+        default=2000, gt=0, le=100_000, description="Records per read and transaction."
+    )
+    block_ms: int = Field(
+        default=1000, gt=0, description="How long one read waits for new records."
+    )
+    claim_idle_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Records read by a consumer that has not stored them for this long "
+        "(it died) are claimed by another.",
+    )
+    retry_s: float = Field(
+        default=1.0, gt=0, description="Wait after Redis or the database failed, doubling to 30 s."
+    )
+    retention_days: int = Field(default=30, gt=0, description="Days raw records are kept.")
+    rollup_retention_days: int = Field(
+        default=400, gt=0, description="Days the hourly and daily rollups are kept."
+    )
+    retention_interval_s: float = Field(
+        default=3600.0, gt=0, description="How often retention deletes what is past it."
+    )
+    currency: str = Field(
+        default="USD",
+        min_length=1,
+        max_length=16,
+        description="The currency prices and costs are in (a name only: nothing is converted).",
+    )
+    prices: dict[str, Price] = Field(
+        default_factory=dict,
+        description="Per model the client asked for: {'deepseek-chat' = {input = 0.27, ...}}.",
+    )
+    route_prices: dict[str, Price] = Field(
+        default_factory=dict,
+        description="Per provider route, '<provider>/<provider-side model>'; wins over `prices`.",
+    )
+    local_price: Price = Field(
+        default_factory=Price,
+        description="What a request served by the local engine costs (default: nothing), "
+        "unless `route_prices` names its route.",
+    )

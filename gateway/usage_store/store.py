@@ -1,0 +1,385 @@
+"""`UsageStore`: the SQL usage store (SQLite or PostgreSQL, by URL) behind one interface.
+
+  - `insert(rows)`: stores rows idempotently by record id and, in the same transaction, adds
+    the rows it had not stored before to the hourly and daily rollups; returns how many were
+    new. Safe to run from any number of processes at once.
+  - `summary`, `records`, `export`: the admin API's reads; every summary is one query on a
+    rollup table.
+  - `purge(now_s)`: retention (raw rows after `retention_days`, rollups after
+    `rollup_retention_days`).
+The schema is migrated at `open` (under a lock: PostgreSQL's advisory lock, SQLite's write lock).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Float,
+    Integer,
+    String,
+    Table,
+    and_,
+    delete,
+    event,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from gateway.usage_store.queries import COLUMN, ExportQuery, Filters, RecordsQuery, SummaryQuery
+from gateway.usage_store.rows import DAY_S, HOUR_S, ROLLUP_COLUMNS, rollups
+from gateway.usage_store.schema import (
+    ADDED,
+    COUNTERS,
+    DIMENSIONS,
+    LATENCY,
+    SUMS,
+    TTFT,
+    daily,
+    hourly,
+    migrate,
+    records,
+)
+from gateway.usage_store.sketch import quantile
+
+# Columns a record listing and the CSV export show (all of a record's metadata).
+RECORD_COLUMNS = tuple(c.name for c in records.columns)
+_MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
+
+
+def _sqlite_engines(url: str) -> tuple[AsyncEngine, AsyncEngine]:
+    """A writer whose transactions take SQLite's write lock at BEGIN (a deferred one could
+    fail to upgrade while another process writes), and a reader that never blocks writers."""
+    database = make_url(url).database
+    if database and database != ":memory:":
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+
+    def build(begin: str) -> AsyncEngine:
+        engine = create_async_engine(url)
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _connect(dbapi: Any, _record: Any) -> None:
+            dbapi.isolation_level = None  # transactions are begun below
+            cursor = dbapi.cursor()
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=30000"):
+                cursor.execute(f"PRAGMA {pragma}")
+            cursor.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _begin(conn: Any) -> None:
+            conn.exec_driver_sql(begin)
+
+        return engine
+
+    return build("BEGIN IMMEDIATE"), build("BEGIN")
+
+
+class UsageStore:
+    def __init__(self, writer: AsyncEngine, reader: AsyncEngine) -> None:
+        self._writer, self._reader = writer, reader
+        self.dialect = writer.dialect.name
+        self._sql = _FastSQL(self.dialect)
+
+    @classmethod
+    async def open(cls, url: str) -> UsageStore:
+        if make_url(url).get_backend_name() == "sqlite":
+            writer, reader = _sqlite_engines(url)
+        else:
+            writer = create_async_engine(url, pool_pre_ping=True)
+            reader = writer
+        store = cls(writer, reader)
+        try:
+            await store._migrate()
+        except BaseException:
+            await store.aclose()
+            raise
+        return store
+
+    async def _migrate(self) -> None:
+        async with self._writer.begin() as conn:
+            if self.dialect == "postgresql":
+                await conn.execute(select(func.pg_advisory_xact_lock(_MIGRATION_LOCK)))
+            await conn.run_sync(migrate, int(time.time() * 1000))
+
+    async def aclose(self) -> None:
+        await self._writer.dispose()
+        if self._reader is not self._writer:
+            await self._reader.dispose()
+
+    async def insert(self, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Store `rows` (`rows.row_of`); rows already stored change nothing. Returns how many
+        were new."""
+        unique = list({row["record_id"]: row for row in rows}.values())
+        if not unique:
+            return 0
+        async with self._writer.begin() as conn:
+            new = await self._sql.insert_records(conn, unique)
+            fresh = [row for row in unique if row["record_id"] in new]
+            if fresh:
+                for table, width in ((hourly, HOUR_S), (daily, DAY_S)):
+                    await self._sql.add_rollups(conn, table, rollups(fresh, width))
+        return len(fresh)
+
+    async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
+        """Delete raw rows older than `retention_days` and rollups older than `rollup_days`."""
+        deleted = {}
+        async with self._writer.begin() as conn:
+            cutoff_ms = int((now_s - retention_days * DAY_S) * 1000)
+            result = await conn.execute(delete(records).where(records.c.ts_ms < cutoff_ms))
+            deleted[records.name] = result.rowcount
+            for table in (hourly, daily):
+                cutoff = int(now_s - rollup_days * DAY_S)
+                result = await conn.execute(delete(table).where(table.c.bucket < cutoff))
+                deleted[table.name] = result.rowcount
+        return deleted
+
+    # Reads.
+
+    def _filtered(
+        self, table: Table, q: Filters, time_column: ColumnElement[Any], scale: int
+    ) -> list[ColumnElement[bool]]:
+        conditions: list[ColumnElement[bool]] = [
+            table.c[column] == value for column, value in q.equalities().items()
+        ]
+        if q.start is not None:
+            start = int(q.start.timestamp())
+            if table is not records:
+                start -= start % (HOUR_S if table is hourly else DAY_S)  # the bucket holding it
+            conditions.append(time_column >= start * scale)
+        if q.end is not None:
+            conditions.append(time_column < int(q.end.timestamp()) * scale)
+        return conditions
+
+    def _month(self, table: Table) -> ColumnElement[Any]:
+        if self.dialect == "sqlite":
+            return func.strftime("%Y-%m", table.c.bucket, literal("unixepoch"))
+        stamp = func.to_timestamp(table.c.bucket).op("AT TIME ZONE")(literal("UTC"))
+        return func.to_char(stamp, literal("YYYY-MM"))
+
+    async def summary(self, q: SummaryQuery) -> list[dict[str, Any]]:
+        """Totals per group (and per period with `interval`), from one rollup query."""
+        day_aligned = all(t is None or int(t.timestamp()) % DAY_S == 0 for t in (q.start, q.end))
+        table = hourly if q.interval == "hour" or not day_aligned else daily
+        dims = q.dimensions()
+        columns: list[ColumnElement[Any]] = []
+        if q.interval == "month":
+            columns.append(self._month(table).label("period"))
+        elif q.interval is not None:
+            columns.append(table.c.bucket.label("period"))
+        columns += [table.c[COLUMN[d]].label(d) for d in dims]
+        groups = list(columns)
+        added = COUNTERS + SUMS + ((LATENCY + TTFT) if q.latency else ())
+        stmt = (
+            select(*columns, *(func.sum(table.c[c]).label(c) for c in added))
+            .where(*self._filtered(table, q, table.c.bucket, 1))
+            .group_by(*groups)
+            .order_by(*groups)
+        )
+        async with self._reader.connect() as conn:
+            found = (await conn.execute(stmt)).all()
+        head = len(columns)  # then the sums, in the order of `added`
+        at = {name: head + i for i, name in enumerate(added)}
+        # (an aggregate without groups over no rows is one row of nulls)
+        return [_summary_row(row, at, q, dims) for row in found if row[at["requests"]] is not None]
+
+    async def records(self, q: RecordsQuery) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of records, newest first, and the cursor of the next page (None: last)."""
+        conditions = self._filtered(records, q, records.c.ts_ms, 1000)
+        if q.cursor is not None:
+            ts, record_id = q.cursor.split(":", 1)
+            conditions.append(
+                or_(
+                    records.c.ts_ms < int(ts),
+                    and_(records.c.ts_ms == int(ts), records.c.record_id < record_id),
+                )
+            )
+        stmt = (
+            select(records)
+            .where(*conditions)
+            .order_by(records.c.ts_ms.desc(), records.c.record_id.desc())
+            .limit(q.limit + 1)
+        )
+        async with self._reader.connect() as conn:
+            rows = [dict(row) for row in (await conn.execute(stmt)).mappings()]
+        more = len(rows) > q.limit
+        rows = rows[: q.limit]
+        cursor = f"{rows[-1]['ts_ms']}:{rows[-1]['record_id']}" if more else None
+        return rows, cursor
+
+    async def export(self, q: ExportQuery, chunk: int = 5000) -> AsyncIterator[list[Sequence[Any]]]:
+        """Every record of the query, oldest first, in chunks of tuples (`RECORD_COLUMNS`),
+        read through a cursor (any size, in bounded memory)."""
+        stmt = (
+            select(records)
+            .where(*self._filtered(records, q, records.c.ts_ms, 1000))
+            .order_by(records.c.ts_ms, records.c.record_id)
+            .execution_options(yield_per=chunk)
+        )
+        async with self._reader.connect() as conn:
+            result = await conn.stream(stmt)
+            async for part in result.partitions(chunk):
+                yield [tuple(row) for row in part]
+
+    async def count(self) -> int:
+        async with self._reader.connect() as conn:
+            return int((await conn.execute(select(func.count()).select_from(records))).scalar_one())
+
+    async def size_bytes(self) -> int | None:
+        """The database's size on disk (PostgreSQL: the current database's)."""
+        async with self._reader.connect() as conn:
+            if self.dialect == "sqlite":
+                pages = (await conn.execute(text("PRAGMA page_count"))).scalar_one()
+                size = (await conn.execute(text("PRAGMA page_size"))).scalar_one()
+                return int(pages) * int(size)
+            found = await conn.execute(text("SELECT pg_database_size(current_database())"))
+            return int(found.scalar_one())
+
+    @property
+    def writer(self) -> AsyncEngine:
+        return self._writer
+
+    async def run(self, statement: str) -> None:
+        """Run one statement in its own transaction (maintenance: ANALYZE, VACUUM)."""
+        conn: AsyncConnection
+        async with self._writer.begin() as conn:
+            await conn.execute(text(statement))
+
+
+_PG_TYPES = ((BigInteger, "bigint"), (Integer, "integer"), (Float, "float8"), (String, "text"))
+
+
+def _pg_type(table: Table, column: str) -> str:
+    kind = table.c[column].type
+    return next(name for cls, name in _PG_TYPES if isinstance(kind, cls))
+
+
+class _FastSQL:
+    """The insert path's statements, written for each driver: SQLAlchemy's per-row parameter
+    handling cost more than the database's work. PostgreSQL gets one statement per batch
+    (column arrays, `unnest`); SQLite multi-row VALUES and the driver's executemany."""
+
+    def __init__(self, dialect: str) -> None:
+        self.dialect = dialect
+        conflict = "ON CONFLICT (record_id) DO NOTHING RETURNING record_id"
+        names = ", ".join(RECORD_COLUMNS)
+        if dialect == "postgresql":
+            arrays = ", ".join(
+                f"${i}::{_pg_type(records, c)}[]" for i, c in enumerate(RECORD_COLUMNS, 1)
+            )
+            self._records = (
+                f"INSERT INTO usage_records ({names}) SELECT * FROM unnest({arrays}) {conflict}"
+            )
+        else:
+            one = "(" + ", ".join("?" * len(RECORD_COLUMNS)) + ")"
+            self._records_head = f"INSERT INTO usage_records ({names}) VALUES "
+            self._records_one = one
+            self._records_tail = f" {conflict}"
+        self.rollup_columns = ROLLUP_COLUMNS
+        self._rollups = {}
+        for table in (hourly, daily):
+            cols = ", ".join(self.rollup_columns)
+            keys = ", ".join(("bucket", *DIMENSIONS))
+            sets = ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in ADDED)
+            if dialect == "postgresql":
+                arrays = ", ".join(
+                    f"${i}::{_pg_type(table, c)}[]" for i, c in enumerate(self.rollup_columns, 1)
+                )
+                source = f"SELECT * FROM unnest({arrays})"
+            else:
+                source = "VALUES (" + ", ".join("?" * len(self.rollup_columns)) + ")"
+            self._rollups[table.name] = (
+                f"INSERT INTO {table.name} ({cols}) {source} "
+                f"ON CONFLICT ({keys}) DO UPDATE SET {sets}"
+            )
+
+    async def insert_records(
+        self, conn: AsyncConnection, rows: Sequence[Mapping[str, Any]]
+    ) -> set[str]:
+        """Insert rows not stored yet; the ids of those inserted."""
+        if self.dialect == "postgresql":
+            columns = tuple([row[c] for row in rows] for c in RECORD_COLUMNS)
+            result = await conn.exec_driver_sql(self._records, columns)
+            return {row[0] for row in result}
+        new: set[str] = set()
+        per = 32_000 // len(RECORD_COLUMNS)  # SQLite's limit on parameters per statement
+        for start in range(0, len(rows), per):
+            part = rows[start : start + per]
+            sql = self._records_head + ", ".join([self._records_one] * len(part))
+            params = tuple(row[c] for row in part for c in RECORD_COLUMNS)
+            result = await conn.exec_driver_sql(sql + self._records_tail, params)
+            new.update(row[0] for row in result)
+        return new
+
+    async def add_rollups(
+        self, conn: AsyncConnection, table: Table, increments: list[list[Any]]
+    ) -> None:
+        """Add `rows.rollups` increments to `table`."""
+        sql = self._rollups[table.name]
+        if self.dialect == "postgresql":
+            columns = tuple(list(column) for column in zip(*increments, strict=True))
+            await conn.exec_driver_sql(sql, columns)
+        else:
+            await conn.exec_driver_sql(sql, [tuple(row) for row in increments])
+
+
+def _period(value: Any, interval: str | None) -> str | None:
+    if interval is None:
+        return None
+    if interval == "month":
+        return f"{value}-01T00:00:00+00:00"
+    return datetime.fromtimestamp(int(value), UTC).isoformat()
+
+
+def _latency(hist: Sequence[Any], count: int, total: float) -> dict[str, Any]:
+    counts = [int(n or 0) for n in hist]
+    return {
+        "avg": round(total / count, 1) if count else None,
+        "p50": quantile(counts, 0.5),
+        "p95": quantile(counts, 0.95),
+    }
+
+
+def _summary_row(
+    row: Sequence[Any], at: dict[str, int], q: SummaryQuery, dims: list[str]
+) -> dict[str, Any]:
+    """One summary row from a result row: `at` maps each sum's name to its position; the
+    period (with an interval) and the dimensions come first."""
+    out: dict[str, Any] = {}
+    first = 0
+    if q.interval is not None:
+        out["period"] = _period(row[0], q.interval)
+        first = 1
+    for i, d in enumerate(dims, first):
+        out[d] = row[i]
+    requests = int(row[at["requests"]] or 0)
+    prompt = int(row[at["prompt_tokens"]] or 0)
+    cached = int(row[at["cached_tokens"]] or 0)
+    out.update(
+        requests=requests,
+        errors=int(row[at["errors"]] or 0),
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=int(row[at["completion_tokens"]] or 0),
+        reasoning_tokens=int(row[at["reasoning_tokens"]] or 0),
+        cache_hit_rate=round(cached / prompt, 4) if prompt else None,
+        cost=round(float(row[at["cost"]] or 0.0), 6),
+    )
+    if q.latency:
+        lat, ttft_at, n = at[LATENCY[0]], at[TTFT[0]], len(LATENCY)
+        total = float(row[at["latency_sum_ms"]] or 0)
+        out["latency_ms"] = _latency(row[lat : lat + n], requests, total)
+        ttft = int(row[at["ttft_count"]] or 0)
+        ttft_total = float(row[at["ttft_sum_ms"]] or 0)
+        out["ttft_ms"] = _latency(row[ttft_at : ttft_at + n], ttft, ttft_total)
+    return out

@@ -1,0 +1,259 @@
+"""The consumer moves the usage stream into the store: each record stored exactly once, acked
+after its commit, trimmed only once stored, across a consumer killed mid-batch, a crash between
+commit and ack, the database and Redis stopped mid-batch."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.keys.store import text
+from gateway.usage_store.consumer import UsageConsumer
+from gateway.usage_store.queries import ExportQuery, SummaryQuery
+from gateway.usage_store.rows import row_of
+from gateway.usage_store.settings import UsageSettings
+from gateway.usage_store.store import UsageStore
+from testkit.gateway_app import REDIS_URL, PrivateRedis
+from testkit.postgres import PrivatePostgres
+from tests.support.usage_records import stream_fields
+
+SETTINGS = UsageSettings(enabled=True, batch_size=100, block_ms=50, retry_s=0.05)
+
+
+async def add(redis: Redis, stream: str, n: int, first: int = 0) -> list[str]:
+    """XADD `n` records as settlement does; their entry ids."""
+    now = time.time()
+    async with redis.pipeline(transaction=False) as pipe:
+        for i in range(first, first + n):
+            pipe.xadd(stream, stream_fields(i, now))  # type: ignore[arg-type]
+        return [text(entry_id) for entry_id in await pipe.execute()]
+
+
+async def eventually(check, within_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within_s
+    while not await check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def reconcile(store: UsageStore, added: list[str]) -> None:
+    """Every record added is stored exactly once, and counted once in the rollups."""
+    stored = [row[0] async for chunk in store.export(ExportQuery()) for row in chunk]
+    assert sorted(stored) == sorted(added)  # none lost, none twice (ids are the primary key)
+    [total] = await store.summary(SummaryQuery(latency=False))
+    assert total["requests"] == len(added)
+
+
+def consumer(redis: Redis, store: UsageStore, stream: str, **over: object) -> UsageConsumer:
+    settings = SETTINGS.model_copy(update=over)
+    return UsageConsumer(
+        redis, store, stream=stream, settings=settings, local_providers=frozenset()
+    )
+
+
+@pytest.fixture
+async def redis() -> Redis:
+    client = Redis.from_url(REDIS_URL)
+    yield client  # type: ignore[misc]
+    await client.aclose()
+
+
+@pytest.fixture
+def stream() -> str:
+    return f"gwtest-usage-{uuid.uuid4().hex[:10]}:usage-log"
+
+
+async def test_stores_acks_and_trims_only_what_is_stored(
+    store_url: str, redis: Redis, stream: str
+) -> None:
+    store = await UsageStore.open(store_url)
+    try:
+        added = await add(redis, stream, 250)
+        c = consumer(redis, store, stream)
+        await c.ensure_group()
+        assert await c.step() == 100
+        assert await redis.xlen(stream) == 150  # the stored 100 are trimmed, the rest stay
+        while await c.step(block_ms=10):
+            pass
+        await reconcile(store, added)
+        assert await redis.xlen(stream) == 0
+        assert (await redis.xpending(stream, SETTINGS.group))["pending"] == 0
+    finally:
+        await store.aclose()
+        await redis.delete(stream)
+
+
+async def test_a_crash_between_commit_and_ack_stores_nothing_twice(
+    tmp_path: Path, redis: Redis, stream: str
+) -> None:
+    store = await UsageStore.open(f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
+    try:
+        added = await add(redis, stream, 120)
+        dead = consumer(redis, store, stream, name="dead")
+        await dead.ensure_group()
+        # "dead" reads a batch and commits it, then dies before its XACK.
+        reply = await redis.xreadgroup(SETTINGS.group, "dead", {stream: ">"}, count=80)
+        rows = [
+            row_of(text(i), {text(k): text(v) for k, v in f.items()}, frozenset())
+            for i, f in reply[0][1]
+        ]
+        assert await store.insert(rows) == 80
+        assert await redis.xlen(stream) == 120  # nothing acked: nothing trimmed
+        alive = consumer(redis, store, stream, name="alive", claim_idle_s=0.01)
+        await asyncio.sleep(0.02)  # let the dead consumer's entries idle past claim_idle_s
+        while await alive.step(block_ms=10):
+            pass
+        assert alive.stored == 40  # the 80 claimed were stored before: not again
+        await reconcile(store, added)
+        assert await redis.xlen(stream) == 0
+    finally:
+        await store.aclose()
+        await redis.delete(stream)
+
+
+_CHILD = """
+import asyncio, sys
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from gateway.usage_store.consumer import UsageConsumer
+from gateway.usage_store.settings import UsageSettings
+from gateway.usage_store.store import UsageStore
+
+async def main():
+    store = await UsageStore.open(sys.argv[1])
+    redis = Redis.from_url(sys.argv[3])
+    settings = UsageSettings(enabled=True, batch_size=50, block_ms=50)
+    await UsageConsumer(redis, store, stream=sys.argv[2], settings=settings,
+                        local_providers=frozenset(), name="child").run()
+
+asyncio.run(main())
+"""
+
+
+def start_child(store_url: str, stream: str) -> subprocess.Popen[bytes]:
+    """A consumer in a process of its own (named "child"), on the shared Redis."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    return subprocess.Popen([sys.executable, "-c", _CHILD, store_url, stream, REDIS_URL], env=env)
+
+
+@pytest.mark.slow
+async def test_a_consumer_killed_mid_batch_loses_nothing(
+    store_url: str, redis: Redis, stream: str
+) -> None:
+    store = await UsageStore.open(store_url)
+    child = start_child(store_url, stream)
+    try:
+        added = await add(redis, stream, 3000)
+
+        async def some_stored() -> bool:
+            return await store.count() >= 200
+
+        await eventually(some_stored)
+        child.send_signal(signal.SIGKILL)  # mid-stream, most likely mid-batch
+        child.wait(timeout=10)
+        assert await store.count() < 3000
+        alive = consumer(redis, store, stream, name="alive", claim_idle_s=0.05)
+
+        async def all_stored() -> bool:
+            await alive.step(block_ms=10)
+            return await store.count() == 3000 and await redis.xlen(stream) == 0
+
+        await eventually(all_stored)
+        await reconcile(store, added)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        await store.aclose()
+        await redis.delete(stream)
+
+
+@pytest.mark.slow
+async def test_the_database_stopped_mid_batch_loses_nothing(redis: Redis, stream: str) -> None:
+    pg = PrivatePostgres()
+    pg.start()
+    store = await UsageStore.open(pg.url())
+    c = consumer(redis, store, stream)
+    task = asyncio.create_task(c.run())
+    try:
+        added = await add(redis, stream, 1000)
+
+        async def some_stored() -> bool:
+            return c.stored >= 100
+
+        await eventually(some_stored)
+        pg.kill()  # immediate shutdown, as a crash
+        added += await add(redis, stream, 500, first=1000)
+        assert await redis.xlen(stream) > 0  # waiting in the stream
+        pg.start()
+
+        async def all_stored() -> bool:
+            try:
+                return await store.count() == 1500
+            except Exception:
+                return False
+
+        await eventually(all_stored, within_s=60)
+        await reconcile(store, added)
+
+        async def trimmed() -> bool:
+            return await redis.xlen(stream) == 0
+
+        await eventually(trimmed)
+    finally:
+        c.stop()
+        await task
+        await store.aclose()
+        pg.remove()
+        await redis.delete(stream)
+
+
+@pytest.mark.slow
+async def test_redis_stopped_mid_batch_loses_nothing(
+    tmp_path: Path, private_redis: PrivateRedis
+) -> None:
+    stream = "gw:usage-log"
+    redis = Redis.from_url(private_redis.url())
+    store = await UsageStore.open(f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
+    c = consumer(redis, store, stream)
+    task = asyncio.create_task(c.run())
+    try:
+        added = await add(redis, stream, 5000)
+
+        async def some_stored() -> bool:
+            return c.stored >= 100
+
+        await eventually(some_stored)
+        private_redis.stop()  # written to its append-only file, then gone
+        assert await store.count() < 5000
+        private_redis.start()
+
+        async def loaded() -> bool:  # its append-only file read back
+            try:
+                return int((await redis.info("persistence"))["loading"]) == 0
+            except RedisError:
+                return False
+
+        await eventually(loaded)
+        added += await add(redis, stream, 300, first=5000)
+
+        async def all_stored() -> bool:
+            return await store.count() == 5300
+
+        await eventually(all_stored, within_s=60)
+        await reconcile(store, added)
+    finally:
+        c.stop()
+        await task
+        await store.aclose()
+        await redis.aclose()

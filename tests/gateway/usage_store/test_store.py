@@ -1,0 +1,143 @@
+"""The usage store on SQLite and on a real PostgreSQL: idempotent inserts, rollups that match
+the raw rows, the admin queries, retention and migrations."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
+from gateway.usage_store.rows import row_of
+from gateway.usage_store.sketch import ERROR_BOUND
+from gateway.usage_store.store import UsageStore
+from tests.support.usage_records import stream_fields
+
+DAY0 = datetime(2026, 3, 30, tzinfo=UTC).timestamp()  # 2026-03-30, two days before April
+
+
+def rows(n: int, start_s: float = DAY0, step_s: float = 600.0) -> list[dict[str, object]]:
+    return [
+        row_of(f"{int((start_s + i * step_s) * 1000)}-{i}", stream_fields(i, start_s + i * step_s),
+               frozenset())
+        for i in range(n)
+    ]  # fmt: skip
+
+
+async def test_insert_is_idempotent_and_rollups_match_raw(store_url: str) -> None:
+    store = await UsageStore.open(store_url)
+    try:
+        batch = rows(600)  # 600 records over ~4 days, 10 minutes apart
+        assert await store.insert(batch[:400]) == 400
+        assert await store.insert(batch[200:]) == 200  # 200 seen before: stored once
+        assert await store.insert(batch) == 0
+        assert await store.count() == 600
+        for interval in ("hour", "day", "month", None):
+            got = await store.summary(SummaryQuery(interval=interval))
+            assert sum(r["requests"] for r in got) == 600
+            assert sum(r["prompt_tokens"] for r in got) == 600 * 20
+            assert sum(r["cached_tokens"] for r in got) == 600 * 5
+            assert math.isclose(sum(r["cost"] for r in got), 0.6, rel_tol=1e-6)
+        [total] = await store.summary(SummaryQuery())
+        assert total["cache_hit_rate"] == 0.25
+        exact = sorted(10 + i % 100 for i in range(600))
+        for q, name in ((0.5, "p50"), (0.95, "p95")):
+            truth = exact[math.ceil(q * 600) - 1]
+            assert abs(total["latency_ms"][name] - truth) <= truth * ERROR_BOUND + 0.1
+        assert total["latency_ms"]["avg"] == round(sum(exact) / 600, 1)
+    finally:
+        await store.aclose()
+
+
+async def test_summary_groups_filters_and_periods(store_url: str) -> None:
+    store = await UsageStore.open(store_url)
+    try:
+        batch = rows(300)
+        failed = row_of("1-0", stream_fields(999, DAY0 + 30, status=502,
+                                             error_code="upstream_error"), frozenset())  # fmt: skip
+        await store.insert([*batch, failed])
+        by_key = await store.summary(SummaryQuery(group_by="key,model"))
+        assert {(r["key"], r["model"]) for r in by_key} == {
+            (f"key{k}", f"model{m}") for k in range(3) for m in range(2)
+        }
+        assert sum(r["requests"] for r in by_key) == 301
+        errors = await store.summary(SummaryQuery(group_by="status,error_code"))
+        assert [(r["status"], r["error_code"], r["errors"]) for r in errors] == [
+            (200, "", 0),
+            (502, "upstream_error", 1),
+        ]
+        months = await store.summary(SummaryQuery(interval="month"))
+        assert [r["period"] for r in months] == [
+            "2026-03-01T00:00:00+00:00",
+            "2026-04-01T00:00:00+00:00",
+        ]
+        start = datetime.fromtimestamp(DAY0, UTC) + timedelta(days=1)
+        day = await store.summary(
+            SummaryQuery(interval="hour", key="key1", start=start, end=start + timedelta(days=1))
+        )
+        assert len(day) == 24
+        assert all(r["period"].startswith("2026-03-31T") for r in day)
+        expected = sum(1 for i in range(300) if i % 3 == 1 and 86_400 <= i * 600 < 2 * 86_400)
+        assert sum(r["requests"] for r in day) == expected
+    finally:
+        await store.aclose()
+
+
+async def test_records_page_newest_first_and_export_everything(store_url: str) -> None:
+    store = await UsageStore.open(store_url)
+    try:
+        await store.insert(rows(250))
+        seen: list[str] = []
+        cursor = None
+        while True:
+            page, cursor = await store.records(RecordsQuery(key="key0", limit=30, cursor=cursor))
+            seen += [r["request_id"] for r in page]
+            if cursor is None:
+                break
+        assert seen == [f"req-{i}" for i in reversed(range(250)) if i % 3 == 0]
+        exported = [row async for chunk in store.export(ExportQuery(), chunk=64) for row in chunk]
+        assert len(exported) == 250
+        assert len({r[0] for r in exported}) == 250
+    finally:
+        await store.aclose()
+
+
+async def test_retention_deletes_only_what_is_past_it(store_url: str) -> None:
+    store = await UsageStore.open(store_url)
+    try:
+        await store.insert(rows(144))  # 144 records, 10 minutes apart: one day
+        now = DAY0 + 2 * 86_400  # two days after the first
+        deleted = await store.purge(now, retention_days=1, rollup_days=400)
+        assert deleted["usage_records"] == 144 and deleted["usage_day"] == 0
+        assert await store.count() == 0
+        [total] = await store.summary(SummaryQuery())
+        assert total["requests"] == 144  # the rollups outlive the raw rows
+        await store.purge(now, retention_days=1, rollup_days=1)
+        assert await store.summary(SummaryQuery()) == []
+    finally:
+        await store.aclose()
+
+
+async def test_migrations_apply_once(store_url: str) -> None:
+    store = await UsageStore.open(store_url)
+    await store.insert(rows(10))
+    await store.aclose()
+    again = await UsageStore.open(store_url)  # nothing left to migrate; the data stays
+    try:
+        assert await again.count() == 10
+    finally:
+        await again.aclose()
+
+
+async def test_any_stream_entry_is_storable(store_url: str) -> None:
+    """Odd text (NUL, overlong) or numbers in an entry never stop the consumer's batch."""
+    store = await UsageStore.open(store_url)
+    try:
+        odd = stream_fields(1, DAY0, request_id="a\x00b" * 100, model="m" * 500,
+                            status="oops", latency_ms="nan", ttft_ms="")  # fmt: skip
+        assert await store.insert([row_of("5-0", odd, frozenset()), *rows(3)]) == 4
+        page, _ = await store.records(RecordsQuery(limit=10))
+        [row] = [r for r in page if r["record_id"] == "5-0"]
+        assert row["request_id"] == ("ab" * 100)[:128] and row["status"] == 0
+        assert row["ttft_ms"] is None and row["latency_ms"] == 0.0
+    finally:
+        await store.aclose()
