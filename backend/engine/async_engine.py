@@ -34,6 +34,7 @@ from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
 from backend.model.checkpoint import load_generation_config, load_model
 from backend.model.fingerprint import checkpoint_fingerprint
+from backend.model.model import DeepseekV3ForCausalLM
 
 __all__ = [
     "AsyncEngine",
@@ -121,6 +122,7 @@ class AsyncEngine:
     ) -> AsyncEngine:
         """Load the model and generation_config.json; the checkpoint's fingerprint seeds the
         prefix-cache block hashes. Blocking (seconds to minutes): call it off the event loop."""
+        model: DeepseekV3ForCausalLM
         if config.tensor_parallel > 1:
             from backend.parallel.cluster import start_parallel_model
 

@@ -222,6 +222,7 @@ class ModelRunner:
             at_rows = [r for i in group for r in range(starts[i], starts[i + 1])]
             at = torch.tensor(at_rows, dtype=torch.long, device=self.device)
             rows_of = [sample_rows[r] for r in at_rows]
+            target: torch.Tensor | list[int]
             if greedy:  # the target's own tokens: argmax after penalties
                 target = apply_penalties(logits[at], rows_of).argmax(dim=-1).tolist()
             else:

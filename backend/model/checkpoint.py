@@ -15,7 +15,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import safe_open
@@ -26,6 +26,7 @@ from backend.model import fp8
 from backend.model.config import ConfigError, ModelConfig
 from backend.model.dtypes import FP8_WEIGHT_MODES, FP8Weights
 from backend.model.fp8_linear import make_resident
+from backend.model.layers import SwiGLU
 from backend.model.model import DeepseekV3ForCausalLM
 from backend.model.moe import MoE
 from backend.native.build import library
@@ -299,5 +300,5 @@ def prepare_for_kernels(model: DeepseekV3ForCausalLM) -> None:
 
 def _plain_experts(module: MoE) -> bool:
     """The routed experts are fp32/bf16 linears (FP8-resident ones stay unstacked on CPU)."""
-    weight = module.experts[0].gate_proj.weight
+    weight = cast(SwiGLU, module.experts[0]).gate_proj.weight
     return weight.dtype in (torch.float32, torch.bfloat16)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -82,9 +85,10 @@ class MoE(nn.Module):
         stacks, so memory does not grow beyond one layer's copy while packing."""
         if self.stacked is not None:
             return self.stacked
-        gates = [expert.gate_proj for expert in self.experts]
-        ups = [expert.up_proj for expert in self.experts]
-        downs = [expert.down_proj for expert in self.experts]
+        experts = [cast(SwiGLU, expert) for expert in self.experts]
+        gates = [expert.gate_proj for expert in experts]
+        ups = [expert.up_proj for expert in experts]
+        downs = [expert.down_proj for expert in experts]
         w13 = torch.cat((_stack(gates, "weight"), _stack(ups, "weight")), dim=1)
         w2 = _stack(downs, "weight")
         w13_scale = w2_scale = None
@@ -94,7 +98,7 @@ class MoE(nn.Module):
             )
             w2_scale = _stack(downs, "weight_scale_inv")
         inter, gate_rows = w2.shape[2], w13_scale.shape[1] // 2 if w13_scale is not None else 0
-        for index, expert in enumerate(self.experts):
+        for index, expert in enumerate(experts):
             _rebind(expert.gate_proj, w13[index, :inter], w13_scale, index, slice(0, gate_rows))
             _rebind(expert.up_proj, w13[index, inter:], w13_scale, index, slice(gate_rows, None))
             _rebind(expert.down_proj, w2[index], w2_scale, index, slice(None))
@@ -137,7 +141,7 @@ class MoE(nn.Module):
         return shared.gate_proj.weight, shared.up_proj.weight, shared.down_proj.weight
 
 
-def _stack(linears: list[nn.Module], attribute: str) -> Tensor:
+def _stack(linears: Sequence[nn.Module], attribute: str) -> Tensor:
     return torch.stack([getattr(linear, attribute) for linear in linears])
 
 

@@ -111,7 +111,8 @@ def moe(
         and weights.dtype == torch.float32
     ) or _threads_win(ids.numel() * (w13[0].numel() + w2[0].numel()) * w13.element_size()):
         return None
-    shared_ptrs, shared_inter = (None, None, None), 0
+    shared_ptrs: tuple[int | None, int | None, int | None] = (None, None, None)
+    shared_inter = 0
     if shared is not None:
         gate, up, down = shared
         shared_inter = gate.shape[0]
