@@ -4,6 +4,7 @@ overflow. Part of the one settings object (gateway/config/settings.py)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -17,15 +18,37 @@ class RuleSettings(BaseModel):
     conversation already has; the rule falls through when it has none)."""
 
     model_config = _FROZEN
-    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9-]+$")
-    version: int = Field(default=1, ge=1)
-    thinking: Literal["on", "off", "keep"]
+    name: str = Field(
+        min_length=1, max_length=40, pattern=r"^[a-z0-9-]+$", description="The rule's name."
+    )
+    version: int = Field(default=1, ge=1, description="Shown beside the name in the reason.")
+    thinking: Literal["on", "off", "keep"] = Field(
+        description='The mode it decides: "on", "off", or "keep" the conversation\'s.'
+    )
     # conditions
-    last_is_tool_result: bool | None = None
-    has_tools: bool | None = None
-    pattern: str | None = None  # regex searched in the last user turn (case-insensitive)
-    min_prompt_tokens: int | None = Field(default=None, ge=0)
-    protocols: tuple[str, ...] = ()  # chat, completions, responses, messages; empty: all
+    last_is_tool_result: bool | None = Field(
+        default=None, description="Whether the last message must (not) be a tool result."
+    )
+    has_tools: bool | None = Field(
+        default=None, description="Whether the request must (not) declare tools."
+    )
+    pattern: str | None = Field(
+        default=None,
+        description="A regex searched (case-insensitively) in the ask: the user's instruction "
+        "without pasted material or the client's wrapper (gateway/routing/ask.py).",
+    )
+    min_prompt_tokens: int | None = Field(
+        default=None, ge=0, description="The least prompt tokens a request must have."
+    )
+    protocols: tuple[str, ...] = Field(
+        default=(),
+        description="chat, completions, responses, messages; empty: all.",
+    )
+    turns: tuple[Literal["new", "continue", "tool"], ...] = Field(
+        default=(),
+        description="The turn kinds it applies to (new, continue, tool: gateway/routing/ask.py); "
+        "empty: all.",
+    )
 
     @field_validator("pattern")
     @classmethod
@@ -39,32 +62,22 @@ class RuleSettings(BaseModel):
 
 
 class ScorerSettings(BaseModel):
-    """Weights of the cheap-signal scorer: score = sigmoid(bias + sum(weight * signal)); thinking
-    goes on at `threshold` and above. Signals are described in gateway/routing/signals.py."""
+    """The learned scorer (gateway/routing/scorer.py): a logistic model over features of the
+    ask; thinking goes on at `threshold` and above."""
 
     model_config = _FROZEN
-    # Fitted and chosen on the tuning half of tests/gateway/routing_eval (benchmarks/routing.py).
-    threshold: float = Field(default=0.28, ge=0, le=1)
-    bias: float = -1.67
-    weights: dict[str, float] = Field(
-        default_factory=lambda: {
-            "maths": 2.2,
-            "proof": 1.83,
-            "algorithm": 1.26,
-            "debugging": 0.63,
-            "design": 2.08,
-            "code_block": 0.49,
-            "stack_trace": 0.68,
-            "reasoning_ask": 2.59,
-            "constraints": 0.43,
-            "length": 2.69,
-            "depth": 0.0,
-            "easy": -1.39,
-            "cjk": -0.44,
-        }
+    weights_file: Path | None = Field(
+        default=None,
+        description="A model file written by `python -m gateway.routing.train` (gzipped JSON); "
+        "empty: the model shipped with the gateway.",
     )
-    # Only the first `scan_chars` characters of the last user turn are read (bounded cost).
-    scan_chars: int = Field(default=2000, gt=0)
+    threshold: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Thinking goes on at this score and above; empty: the model file's own "
+        "threshold (chosen when it was trained).",
+    )
 
 
 class BreakerSettings(BaseModel):
@@ -93,20 +106,40 @@ class PrefixSettings(BaseModel):
     max_queue: int = Field(default=16, ge=0)
 
 
+# A request to prove: "prove" / "show that" / 证明 opening a sentence of the ask, after at most
+# a greeting, a thanks or a polite lead ("thanks! can you prove ...", "问一下：证明："); not
+# "the logs show that", "who proved", "他说他能证明".
+PROOF_REQUEST = (
+    r"(?:^|[.!?;]\s+|\n)\s*(?:(?:thanks|thank you|thx|ok|okay|hi|hello|hey|so|now|also|and|"
+    r"question|quick question)[,!.:]?\s+)*(?:(?:please|can you|could you|would you|try to|help me|"
+    r"i need you to|i want you to|now)\s+)*(?:prove|show that|disprove|give a proof|write a proof)"
+    r"\b|(?:^|[。！？；\n])\s*(?:(?:谢谢|你好|好的|问一下|请问|题目)[，,！!：:]?\s*)*"
+    r"(?:请|试|帮我|麻烦)?(?:证明|求证)"
+)
+# The whole ask is a greeting or thanks (a leading "thanks" before a question decides nothing).
+GREETING_ONLY = (
+    r"^\s*(?:(?:hi|hello|hey|thanks|thank you|thx|cheers|good (?:morning|evening|night)|"
+    r"ok|okay|great|nice|你好|您好|谢谢(?:你|您|啦|了)?|多谢|辛苦了|早上好|晚安|嗨|好的)"
+    r"(?: so much| a lot| all)?"
+    r"[\s,!.。！，~～]*)+$"
+)
+
+
 class RoutingSettings(BaseModel):
     model_config = _FROZEN
-    rules: tuple[RuleSettings, ...] = (
-        RuleSettings(name="tool-results", thinking="keep", last_is_tool_result=True),
-        RuleSettings(name="tools", thinking="off", has_tools=True),
-        RuleSettings(
-            name="proof-markers",
-            thinking="on",
-            pattern=r"\b(prove|proof|show that|lemma|theorem)\b|证明|求证",
+    rules: tuple[RuleSettings, ...] = Field(
+        default=(
+            RuleSettings(name="proof-request", thinking="on", pattern=PROOF_REQUEST),
+            RuleSettings(
+                name="greeting-only", thinking="off", pattern=GREETING_ONLY, turns=("new",)
+            ),
         ),
+        description="Routing rules for auto models, in order; the first that matches decides.",
     )
     scorer: ScorerSettings = ScorerSettings()
     breaker: BreakerSettings = BreakerSettings()
-    # Conversation stickiness: an auto conversation keeps its first mode for this long.
+    # Conversation stickiness: how long a conversation's mode is kept for turns that continue
+    # its work (tool results, "continue": gateway/routing/ask.py).
     sticky_ttl_s: int = Field(default=1800, ge=1)
     # The local engine is preferred while requests waiting for it (this one included) stay at
     # or under this; beyond it, an upstream route the key may use takes the request, unless

@@ -7,7 +7,8 @@ Format: `; `-separated `name=value` fields, in this order (optional ones only wh
   [; shadow_thinking=on|off; shadow_reason=<reason>[; shadow_score=<score>]]
   [; node=<cluster node>; prefix=<cached>/<reusable blocks>; via=local|forward|fallback
      [; tried=<unreachable node>]] [; account=<i>/<n>]
-Reasons: policy:off, policy:on, client, route, default, rule:<name>@<version>, sticky, score.
+Reasons: policy:off, policy:on, client, route, default, rule:<name>@<version>, sticky, model
+(the learned scorer; `score` then says its score).
 `cached`, `kept` and `overflow` are an auto model's local-or-upstream choice (local_first.py):
 how many of the prompt's leading tokens the local engine held in its prefix cache, and why the
 local engine kept the request beyond its queue allowance or passed it over.
