@@ -43,6 +43,7 @@ Turn = Literal["new", "continue", "tool"]
 MATERIAL_KINDS = ("context", "code", "log", "trace", "config", "quote", "document", "tool")
 _MAX_INSTRUCTION = 300  # characters scored: the ask's head (2/3) and tail (1/3) beyond it
 _MAX_SCAN = 20_000  # characters of one message read at all (bounded cost)
+_EDGE_LINES = 12  # lines read one by one at each end of a long text
 
 # Client wrappers: blocks removed whole (context), and blocks whose body is the instruction.
 _CONTEXT_BLOCK = re.compile(
@@ -181,9 +182,12 @@ def _turn_of(message: Message) -> Turn:
         return "tool"
     if result is not None and "<feedback>" not in text:
         return "tool"
-    instruction = _strip_wrappers(text)
-    if instruction is None:
-        instruction = _AGENTS_MD.sub("", _CONTEXT_BLOCK.sub("", text)) if "<" in text else text
+    instruction = text
+    if "<" in text:
+        wrapped = _strip_wrappers(text)
+        instruction = (
+            _AGENTS_MD.sub("", _CONTEXT_BLOCK.sub("", text)) if wrapped is None else wrapped
+        )
     words = _PUNCT.sub(" ", instruction[:200].lower()).strip()
     if words and len(words) <= 40 and _CONTINUE.match(words):
         return "continue"
@@ -221,18 +225,20 @@ def _user_ask(raw: str, client: str, earlier: int, turn: Turn) -> Ask:
     text = raw[:_MAX_SCAN]
     kinds: set[str] = set()
     material = len(raw) - len(text)
-    wrapped = _strip_wrappers(text)
-    stripped = _CONTEXT_BLOCK.sub("", text)
-    stripped = _AGENTS_MD.sub("", stripped)
+    tagged = "<" in text  # the regexes below run only where they can match
+    wrapped = _strip_wrappers(text) if tagged else None
+    stripped = _CONTEXT_BLOCK.sub("", text) if tagged else text
+    if "AGENTS.md" in stripped:
+        stripped = _AGENTS_MD.sub("", stripped)
     if wrapped is not None or len(stripped) < len(text):
         kinds.add("context")
         material += len(text) - len(stripped)
     if wrapped is not None:
         stripped = wrapped
-    body, code = _remove(_FENCE, stripped)
+    body, code = _remove(_FENCE, stripped) if "```" in stripped else (stripped, "")
     if code:
         kinds.add("log" if _LOG_LINE.search(code) else "code")
-    body, docs = _remove(_DOC_BLOCK, body)
+    body, docs = _remove(_DOC_BLOCK, body) if "<" in body else (body, "")
     if docs:
         kinds.add("document")
     material += len(code) + len(docs)
@@ -256,12 +262,20 @@ def _remove(pattern: re.Pattern[str], text: str) -> tuple[str, str]:
 
 
 def _split_lines(body: str, kinds: set[str]) -> tuple[list[str], int]:
-    """The prose lines (blank lines kept as paragraph breaks) and the pasted lines' size."""
-    prose: list[str] = []
+    """The prose lines (blank lines kept as paragraph breaks) and the pasted lines' size. Of a
+    text of many lines only the first and last `_EDGE_LINES` are read line by line (an ask
+    sits before or after what it carries); the lines between are pasted material."""
     pasted = 0
     lines = body.split("\n")
+    num_lines = len(lines)
+    if num_lines > 3 * _EDGE_LINES:
+        middle = lines[_EDGE_LINES:-_EDGE_LINES]
+        pasted += sum(map(len, middle)) + len(middle)
+        kinds.add("document")
+        lines = [*lines[:_EDGE_LINES], "", *lines[-_EDGE_LINES:]]
+    prose: list[str] = []
     for line in lines:
-        kind = _pasted_kind(line, len(lines))
+        kind = _pasted_kind(line, num_lines)
         if kind is None:
             prose.append(line)
         else:

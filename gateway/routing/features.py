@@ -28,33 +28,45 @@ _MAX_TOKENS = 60  # of the instruction (it is clipped to 300 characters already)
 _MAX_CJK = 100  # CJK characters read (the cost per decision is bounded by these two)
 
 
+Group = tuple[str, list[str]]  # a prefix ("w|", ...) and the keys after it
+
+
 def features(ask: Ask) -> list[str]:
-    """The features of `ask` (duplicates possible; the scorer counts each once)."""
-    out = [
-        f"s|client={ask.client}",
-        f"s|turn={ask.turn}",
-        f"s|earlier={min(ask.earlier, 3)}",
-        f"s|matsize={_log2_bucket(ask.material_chars)}",
+    """The features of `ask` as strings (duplicates possible; each counts once)."""
+    return [prefix + key for prefix, keys in groups(ask) for key in keys]
+
+
+def groups(ask: Ask) -> list[Group]:
+    """The features of `ask` by prefix, unjoined: what the scorer looks up, one table a prefix,
+    without building a string per feature."""
+    structure = [
+        f"client={ask.client}",
+        f"turn={ask.turn}",
+        f"earlier={min(ask.earlier, 3)}",
+        f"matsize={_log2_bucket(ask.material_chars)}",
     ]
-    out.extend(f"s|mat={kind}" for kind in ask.material)
+    structure.extend([f"mat={kind}" for kind in ask.material])
+    out: list[Group] = [("s|", structure)]
     text = ask.instruction.lower()
     if not text:
-        out.append("s|empty")
+        structure.append("empty")
         return out
-    out.append(f"s|len={_log2_bucket(len(text))}")
+    structure.append(f"len={_log2_bucket(len(text))}")
     if "?" in text or "？" in text:
-        out.append("s|q")
-    tokens = _TOKEN.findall(text)[:_MAX_TOKENS]
+        structure.append("q")
     words: list[str] = []
+    prefixes: list[str] = []
+    symbols: list[str] = []
+    cjk: list[str] = []
     numbers = 0
-    cjk = 0  # CJK characters read
-    for token in tokens:
+    budget = _MAX_CJK  # CJK characters still to read
+    for token in _TOKEN.findall(text)[:_MAX_TOKENS]:
         first = token[0]
         if first >= "\u3400":  # a CJK run
-            run = token[: max(_MAX_CJK - cjk, 0)]
-            cjk += len(run)
-            out.extend(["z|" + c for c in run])
-            out.extend(["z|" + run[i : i + 2] for i in range(len(run) - 1)])
+            run = token[:budget]
+            budget -= len(run)
+            cjk.extend(run)
+            cjk.extend(map(str.__add__, run, run[1:]))
             words.append("<zh>")
         elif first.isdigit():
             numbers += 1
@@ -62,18 +74,25 @@ def features(ask: Ask) -> list[str]:
         elif first.isalpha():
             words.append(token)
             if len(token) >= 5:
-                out.append("p|" + token[:4])
-                out.append("p|" + token[:6])
+                prefixes.append(token[:4])
+                prefixes.append(token[:6])
         else:
-            out.append("y|" + token)
-    out.append(f"s|nums={min(numbers, 3)}")
+            symbols.append(token)
+    structure.append(f"nums={min(numbers, 3)}")
+    out.append(("z|", cjk))
+    out.append(("p|", prefixes))
+    out.append(("y|", symbols))
     if words:
-        out.append("f|" + words[0])
+        out.append(("f|", words[:1]))
         if len(words) > 1:
-            out.append(f"f2|{words[0]} {words[1]}")
-    out.extend(["w|" + w for w in words])
-    out.extend([f"b|{a} {b}" for a, b in zip(words, words[1:], strict=False)])
+            out.append(("f2|", [f"{words[0]} {words[1]}"]))
+        out.append(("w|", words))
+        out.append(("b|", list(map(_pair, words, words[1:]))))
     return out
+
+
+def _pair(a: str, b: str) -> str:
+    return f"{a} {b}"
 
 
 def _log2_bucket(n: int) -> int:

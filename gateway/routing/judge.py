@@ -27,7 +27,6 @@ class Verdict:
     thinking: bool
     reason: str  # rule:<name>@<version> | sticky | model
     score: float | None = None
-    turn: str = "new"  # how the turn was classified: new | continue | tool (ask.py)
 
 
 class Judge:
@@ -43,20 +42,19 @@ class Judge:
         conversation_mode: bool | None = None,
     ) -> Verdict:
         ask = ask_of(request)
-        turn = ask.turn
         ruled = self._rule(request, protocol, prompt_tokens, ask, conversation_mode)
         if ruled is not None:
             return ruled
-        if turn != "new":
+        if ask.turn != "new":
             if conversation_mode is not None:
-                return Verdict(conversation_mode, "sticky", turn=turn)
+                return Verdict(conversation_mode, "sticky")
             if ask.anchor is not None:
                 ask = ask.anchor
                 ruled = self._rule(request, protocol, prompt_tokens, ask, None)
                 if ruled is not None:
-                    return Verdict(ruled.thinking, ruled.reason, turn=turn)
+                    return ruled
         score = self.scorer.score(ask)
-        return Verdict(self.scorer.thinks(score), "model", score, turn)
+        return Verdict(self.scorer.thinks(score), "model", score)
 
     def _rule(
         self,
@@ -72,6 +70,6 @@ class Judge:
             if rule.thinking == "keep":
                 if conversation_mode is None:
                     continue
-                return Verdict(conversation_mode, rule.reason, turn=ask.turn)
-            return Verdict(rule.thinking == "on", rule.reason, turn=ask.turn)
+                return Verdict(conversation_mode, rule.reason)
+            return Verdict(rule.thinking == "on", rule.reason)
         return None

@@ -1,6 +1,7 @@
 """The learned scorer: a logistic model over the ask's features (`features.py`).
 
-score = sigmoid(bias + sum of the weights of the features present), in (0, 1); thinking goes on
+score = sigmoid(bias + sum of the weights of the distinct features present), in (0, 1), the
+features looked up by prefix (`features.groups`); thinking goes on
 at the threshold and above. Weights, bias and threshold are read once, at start, from a gzipped
 JSON file: `{"format": 1, "bias": float, "threshold": float, "weights": {feature: weight},
 "trained": {...}}`. The shipped file (`ask_weights.json.gz`, beside this module) is written by
@@ -19,7 +20,7 @@ from typing import Any
 
 from gateway.config.routing import ScorerSettings
 from gateway.routing.ask import Ask
-from gateway.routing.features import features
+from gateway.routing.features import groups
 
 SHIPPED = Path(__file__).with_name("ask_weights.json.gz")
 FORMAT = 1
@@ -31,12 +32,22 @@ class Scorer:
         model = load_model(path)
         self.bias: float = model["bias"]
         self.weights: dict[str, float] = model["weights"]
+        # one table a prefix ("w|" -> {word: weight}), looked up without joining strings
+        self._tables: dict[str, dict[str, float]] = {}
+        for name, weight in self.weights.items():
+            prefix, _, key = name.partition("|")
+            self._tables.setdefault(prefix + "|", {})[key] = weight
         threshold = settings.threshold
         self.threshold: float = model["threshold"] if threshold is None else threshold
 
     def score(self, ask: Ask) -> float:
-        present = set(features(ask))
-        z = self.bias + sum(map(self.weights.get, present, repeat(0.0, len(present))))
+        z = self.bias
+        tables = self._tables
+        for prefix, keys in groups(ask):
+            table = tables.get(prefix)
+            if table is not None and keys:
+                present = set(keys)
+                z += sum(map(table.get, present, repeat(0.0, len(present))))
         if z < -40:  # exp overflow guard; the score is 0 to double precision anyway
             return 0.0
         return 1.0 / (1.0 + math.exp(-z))
