@@ -128,10 +128,7 @@ def ask_of(request: ChatRequest) -> Ask:
     turn = _turn_of(messages[last])
     earlier = sum(1 for i in users if i < last)
     if turn == "new":
-        ask = _user_ask(messages[last].text, client, earlier, "new")
-        if ask.instruction or earlier == 0:
-            return ask
-        turn = "continue"  # context only (a Codex environment message): the work goes on
+        return _user_ask(messages[last].text, client, earlier, "new")
     anchor = _anchor(messages, users, last, client)
     if turn == "tool":
         return Ask("", ("tool",), len(messages[last].text), client, turn, earlier, anchor)
@@ -189,6 +186,8 @@ def _turn_of(message: Message) -> Turn:
             _AGENTS_MD.sub("", _CONTEXT_BLOCK.sub("", text)) if wrapped is None else wrapped
         )
     words = _PUNCT.sub(" ", instruction[:200].lower()).strip()
+    if not words and text.strip():
+        return "continue"  # context only (a Codex environment message): the work goes on
     if words and len(words) <= 40 and _CONTINUE.match(words):
         return "continue"
     return "new"

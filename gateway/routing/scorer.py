@@ -88,8 +88,8 @@ def save_model(
         "trained": trained,
         "weights": weights,
     }
-    # mtime=0: the same model writes the same bytes
-    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as fh:
+    # no name and no time in the gzip header: the same model writes the same bytes
+    with open(path, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as fh:
         fh.write(
             json.dumps(body, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode()
         )
