@@ -37,6 +37,11 @@ class RuleSettings(BaseModel):
         description="A regex searched (case-insensitively) in the ask: the user's instruction "
         "without pasted material or the client's wrapper (gateway/routing/ask.py).",
     )
+    requires: tuple[str, ...] = Field(
+        default=(),
+        description="Words of which one must occur in the lower-cased ask before `pattern` is "
+        "searched (a cheap test first); empty: the pattern is always searched.",
+    )
     min_prompt_tokens: int | None = Field(
         default=None, ge=0, description="The least prompt tokens a request must have."
     )
@@ -129,7 +134,12 @@ class RoutingSettings(BaseModel):
     model_config = _FROZEN
     rules: tuple[RuleSettings, ...] = Field(
         default=(
-            RuleSettings(name="proof-request", thinking="on", pattern=PROOF_REQUEST),
+            RuleSettings(
+                name="proof-request",
+                thinking="on",
+                pattern=PROOF_REQUEST,
+                requires=("prove", "show that", "proof", "证明", "求证"),
+            ),
             RuleSettings(
                 name="greeting-only", thinking="off", pattern=GREETING_ONLY, turns=("new",)
             ),

@@ -87,12 +87,8 @@ def groups(ask: Ask) -> list[Group]:
         if len(words) > 1:
             out.append(("f2|", [f"{words[0]} {words[1]}"]))
         out.append(("w|", words))
-        out.append(("b|", list(map(_pair, words, words[1:]))))
+        out.append(("b|", list(map(" ".join, zip(words, words[1:], strict=False)))))
     return out
-
-
-def _pair(a: str, b: str) -> str:
-    return f"{a} {b}"
 
 
 def _log2_bucket(n: int) -> int:

@@ -4,10 +4,11 @@ A rule's `thinking` is "on", "off", or "keep": the mode the conversation already
 stickiness); a "keep" rule falls through when the conversation has none. A decision by a rule is
 explained as `rule:<name>@<version>`.
 A rule's `pattern` is searched in the ask's instruction (`ask.Ask.instruction`: the user's own
-words, without pasted material or the client's wrapper), case-insensitively; `turn` limits it to
-new, continue or tool turns. Word boundaries and context belong in the pattern: the defaults
-(gateway/config/routing.py) match a request to prove at the start of a sentence, not "the logs
-show that" or "who proved".
+words, without pasted material or the client's wrapper), case-insensitively; `turns` limits it to
+new, continue or tool turns; `requires` names words of which one must occur in the ask before the
+pattern is searched (a substring test costs far less than a search). Word boundaries and context
+belong in the pattern: the defaults (gateway/config/routing.py) match a request to prove at the
+start of a sentence, not "the logs show that" or "who proved".
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Rule:
     last_is_tool_result: bool | None
     has_tools: bool | None
     pattern: re.Pattern[str] | None
+    requires: tuple[str, ...]
     min_prompt_tokens: int | None
     protocols: frozenset[str]
     turns: frozenset[str]
@@ -43,6 +45,7 @@ class Rule:
             s.last_is_tool_result,
             s.has_tools,
             pattern,
+            tuple(word.lower() for word in s.requires),
             s.min_prompt_tokens,
             frozenset(s.protocols),
             frozenset(s.turns),
@@ -65,6 +68,10 @@ class Rule:
                 return False
         if self.min_prompt_tokens is not None and prompt_tokens < self.min_prompt_tokens:
             return False
+        if self.requires:
+            lower = ask.instruction.lower()
+            if not any(word in lower for word in self.requires):
+                return False
         return self.pattern is None or self.pattern.search(ask.instruction) is not None
 
 

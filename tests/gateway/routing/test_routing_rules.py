@@ -102,3 +102,10 @@ def test_a_rule_may_be_limited_to_turns_of_a_kind() -> None:
     hard = "How many ordered pairs (a, b) of positive integers have a + b = 1000 and no zero digit?"
     assert decide(judge, hard, "continue").reason == "rule:carry-on@1"
     assert decide(judge, hard).reason == "model"
+
+
+def test_a_rule_requiring_words_searches_its_pattern_only_where_one_occurs() -> None:
+    rules = [{"name": "sums", "thinking": "on", "pattern": r"\d\s*\+\s*\d", "requires": ["SUM"]}]
+    judge = Judge(RoutingSettings(rules=rules))
+    assert decide(judge, "What is the sum 2 + 2?") == Verdict(True, "rule:sums@1")
+    assert decide(judge, "What is 2 + 2?").reason == "model"
