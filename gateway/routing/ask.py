@@ -18,7 +18,8 @@ What counts as material, removed from the instruction:
     lines ("> "), e-mail headers, indented or symbol-heavy code, `key: value` / `key = value`
     configuration lines;
   - in a long text of several paragraphs, the paragraphs between the first and the last (a pasted
-    document), and everything after a lead-in ending in a colon ("Here is the log:", "内容如下：").
+    document), and everything after a lead-in ending in a colon ("Here is the log:", "内容如下：");
+  - long quoted text inside the ask ("Translate this: '...'", 把“...”改写一下), left as “…”.
 
 How a turn is classified (`turn`):
   "tool"      the last message is a tool result (role tool, or Cline's `[tool] Result:` user
@@ -83,6 +84,13 @@ _CODE_LINE = re.compile(
 _LINE_HEAD = re.compile(
     f"(?P<trace>{_TRACE_LINE.pattern})|(?P<log>{_LOG_LINE.pattern})"
     f"|(?P<quote>{_QUOTE_LINE.pattern}|{_MAIL_LINE.pattern})"
+)
+# Text quoted inside the ask ("translate this: '...'", 把这句“...”翻译成英文) is material too, when
+# long enough not to be a name or a phrase the ask is about.
+_QUOTE_MARKS = re.compile(r"[\"“‘「『']")
+_QUOTED = re.compile(
+    r"\"[^\"\n]{40,}\"|“[^”]{24,}”|‘[^’]{40,}’|「[^」]{24,}」|『[^』]{24,}』"
+    r"|(?<=[\s:：])'[^'\n]{40,}'(?=[\s.,;:?!)]|$)"
 )
 _PROSE_END = re.compile(r"[.?!。？！]\s*$")
 _LEAD_IN = re.compile(r"(?:[:：]|如下|below|following)\s*$", re.I)
@@ -245,6 +253,12 @@ def _user_ask(raw: str, client: str, earlier: int, turn: Turn) -> Ask:
     material += pasted
     instruction = _instruction(prose, kinds)
     material += max(len("\n".join(prose)) - len(instruction), 0)
+    if _QUOTE_MARKS.search(instruction) is not None:
+        quoted = len(instruction)
+        instruction = _QUOTED.sub("“…”", instruction)
+        if len(instruction) < quoted:
+            kinds.add("quote")
+            material += quoted - len(instruction)
     ordered = tuple(k for k in MATERIAL_KINDS if k in kinds)
     return Ask(_clip(instruction), ordered, material, client, turn, earlier)
 

@@ -154,3 +154,13 @@ def test_turns_are_classified_new_continue_or_tool() -> None:
         turn_of(request(hard, answer, Message("user", "go on"), Message("assistant", "So")))
         == "continue"
     )
+
+
+def test_long_quoted_text_inside_the_ask_is_material() -> None:
+    text = "Rewrite this more politely: 'Your invoice is late again and we will stop shipping now.'"
+    ask = ask_of(request(Message("user", text)))
+    assert (ask.instruction, ask.material) == ("Rewrite this more politely: “…”", ("quote",))
+    chinese = "把这句话改写得正式一点：“我们这周肯定搞不完，下周再说吧，别催了，大家都很忙的。”"
+    assert ask_of(request(Message("user", chinese))).instruction == "把这句话改写得正式一点：“…”"
+    short = 'Who said "to be or not to be"?'  # a short quotation is what the ask is about
+    assert ask_of(request(Message("user", short))).instruction == short

@@ -52,17 +52,25 @@ def test_a_request_to_prove_is_decided_by_the_proof_rule(judge: Judge, text: str
         "Who proved Fermat's Last Theorem, and in what year?",
         "This recipe has proven popular; rewrite the intro to be friendlier.",
         "黎曼猜想是谁证明的？",
+        "哈哈，我朋友说他能证明 1=2，你信不信？",
+        "My friend says he can prove 1 = 2. Funny, right?",
     ],
 )
-def test_proof_words_in_an_ordinary_sentence_decide_nothing(judge: Judge, text: str) -> None:
+def test_proof_words_in_an_ordinary_sentence_are_left_to_the_model(judge: Judge, text: str) -> None:
+    assert decide(judge, text).reason == "model"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Who proved Fermat's Last Theorem, and in what year?",
+        "黎曼猜想是谁证明的？",
+        "Our dashboards show that traffic doubled. Rewrite this sentence in French.",
+    ],
+)
+def test_questions_about_proofs_and_ordinary_show_that_go_fast(judge: Judge, text: str) -> None:
     verdict = decide(judge, text)
-    assert verdict.reason == "model"
-    assert not verdict.thinking
-
-
-def test_a_claim_of_proof_in_passing_is_left_to_the_model(judge: Judge) -> None:
-    assert decide(judge, "哈哈，我朋友说他能证明 1=2，你信不信？").reason == "model"
-    assert decide(judge, "My friend says he can prove 1 = 2. Funny, right?").reason == "model"
+    assert (verdict.thinking, verdict.reason) == (False, "model")
 
 
 def test_a_leading_thanks_leaves_a_hard_question_to_the_model(judge: Judge) -> None:
