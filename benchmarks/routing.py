@@ -1,23 +1,24 @@
-"""Routing by difficulty on the evaluation set (testkit/routing_eval/prompts.jsonl).
+"""Routing by difficulty on the evaluation set (testkit/routing_eval/eval.jsonl).
 
-Prints, for the default routing settings (or --config's), the threshold chosen on the tuning
-half, the agreement with the labels on the held-out half (overall, per language), its confusion
-matrix, the reasons decisions were made for, and the cost of one decision, p50 and p99 over every
-prompt, repeated:
-  - the judge alone (rules + signals + scorer);
+Prints, for the default routing settings (or --config's), on the held-out split (never used to
+fit or tune): agreement with the labels overall, adversarial vs not, per category, language and
+client; the two error rates (fast sent to thinking: tokens and latency spent; think sent to
+fast: quality lost); which rule, or the model, decided each miss; the same on the tune split;
+and the cost of one decision, p50 and p99 over every item, repeated:
+  - the judge alone (the ask's extraction, rules and the learned model), against the targets;
   - the whole router seam (`Decider.decide`) for an auto model with a local and an upstream
-    route, each prompt the last turn of a conversation of `--prompt-tokens` prepared tokens
-    whose every reusable block the local engine caches, its queue over `local_max_queue`: the
-    judge, the conversation's hash, the background stickiness write (its task; the Redis round
-    trip itself is not on the request's path), the engine's load and the prefix lookup by
-    `LocalProvider.fit`, through a real `AsyncEngine` and `BlockManager` (no model, the engine's
-    thread not started), and the kept=prefix choice.
+    route, each item's conversation behind a system prompt, its prepared prompt of
+    `--prompt-tokens` tokens whose every reusable block the local engine caches, its queue over
+    `local_max_queue`: the judge, the conversation's hash, the background stickiness write (its
+    task; the Redis round trip itself is not on the request's path), the engine's load and the
+    prefix lookup by `LocalProvider.fit`, through a real `AsyncEngine` and `BlockManager` (no
+    model, the engine's thread not started), and the kept=prefix choice.
 Also the cost of hashing that prompt's blocks, paid once while it is prepared, off the loop.
-`--fit` first fits the scorer's weights by logistic regression on the tuning half and prints them
-as a `[routing.scorer]` block for settings.toml.
+Targets: held-out agreement >= 90% overall and >= 85% on the adversarial half, fast sent to
+thinking < 10%, judge p99 < 100 us.
 
-  .venv/bin/python benchmarks/routing.py [--config settings.toml] [--repeat 200] [--fit]
-      [--prompt-tokens 4096] [--block-size 64]
+  .venv/bin/python benchmarks/routing.py [--config settings.toml] [--repeat 50]
+      [--prompt-tokens 4096] [--block-size 64] [--misses]
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 
 from backend.engine.async_engine import AsyncEngine  # noqa: E402
 from backend.engine.blocks import BlockManager  # noqa: E402
@@ -43,48 +43,49 @@ from backend.engine.engine_config import EngineConfig  # noqa: E402
 from backend.engine.interface import EngineStats  # noqa: E402
 from backend.engine.request import Request  # noqa: E402
 from backend.engine.sampling_params import SamplingParams  # noqa: E402
-from gateway.config.routing import RoutingSettings, ScorerSettings  # noqa: E402
+from gateway.config.routing import RoutingSettings  # noqa: E402
 from gateway.config.settings import load_settings  # noqa: E402
 from gateway.pipeline.prompt_estimates import estimate_prompt_tokens  # noqa: E402
 from gateway.routing.aliases import Route  # noqa: E402
 from gateway.routing.decide import Decider, RoutingInput  # noqa: E402
 from gateway.routing.judge import Judge  # noqa: E402
 from gateway.routing.policy import KeyPolicy  # noqa: E402
-from gateway.routing.signals import SIGNALS, signals_of  # noqa: E402
 from gateway.routing.sticky import Stickiness  # noqa: E402
 from providers.local.provider import LocalProvider  # noqa: E402
 from providers.types import ChatRequest, Message, PreparedPrompt  # noqa: E402
-from testkit.routing_eval import (  # noqa: E402
-    Item,
-    agreement,
-    best_threshold,
-    decisions,
-    load,
-    verdicts,
-)
+from testkit.routing_eval import Item, Report, by, load, verdicts  # noqa: E402
 
 
-def fit(tune: list[Item], l2: float) -> ScorerSettings:
-    """Logistic regression (batch gradient descent, L2) of the labels on the signals."""
-    x = np.array([signals_of(i.text).values for i in tune])
-    y = np.array([i.think for i in tune], dtype=float)
-    w, b = np.zeros(x.shape[1]), 0.0
-    for _ in range(20000):
-        p = 1 / (1 + np.exp(-(x @ w + b)))
-        g = p - y
-        w -= 0.5 * (x.T @ g / len(y) + l2 * w)
-        b -= 0.5 * float(g.mean())
-    weights = {name: round(float(v), 2) for name, v in zip(SIGNALS, w, strict=True)}
-    return ScorerSettings(bias=round(b, 2), weights=weights)
-
-
-def confusion(items: list[Item], thinking: list[bool]) -> str:
-    c = Counter((i.think, t) for i, t in zip(items, thinking, strict=True))
+def line(name: str, report: Report) -> str:
     return (
-        "                 decided think  decided direct\n"
-        f"  label think    {c[True, True]:>13}  {c[True, False]:>14}\n"
-        f"  label direct   {c[False, True]:>13}  {c[False, False]:>14}"
+        f"  {name:<22} {report.agreement:6.1%} of {report.n:>3}   fast->think "
+        f"{report.fast_on:5.1%}   think->fast {report.think_off:5.1%}"
     )
+
+
+def evaluate(judge: Judge, items: list[Item], title: str, misses: bool) -> None:
+    """Agreement of the judge's decisions with `items`' labels, broken down (see the module)."""
+    found = verdicts(judge, items)
+    thinking = [v.thinking for v in found]
+    overall = Report.of(items, thinking)
+    print(f"{title}: {len(items)} items")
+    print(line("overall", overall) + "   (targets: >= 90%, fast->think < 10%)")
+    adversarial = by(items, thinking, "adversarial")
+    print(line("adversarial", adversarial["True"]) + "   (target: >= 85%)")
+    print(line("not adversarial", adversarial["False"]))
+    for key in ("lang", "client", "category"):
+        print(f" per {key}:")
+        for value, report in by(items, thinking, key).items():
+            print(line(value, report))
+    wrong = [(i, v) for i, v in zip(items, found, strict=True) if i.think != v.thinking]
+    decided = Counter(v.reason for _, v in wrong)
+    print(" misses decided by: " + ", ".join(f"{r} {n}" for r, n in decided.most_common()))
+    if misses:
+        for item, v in wrong:
+            score = "" if v.score is None else f" {v.score:.2f}"
+            text = item.text()[-90:].replace("\n", " ")
+            print(f"  miss {item.id} ({item.label}, {item.category}) {v.reason}{score}: {text!r}")
+    print()
 
 
 class Samples:
@@ -167,7 +168,7 @@ class NoRedis:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
-    def set(self, key: str, value: str, ex: int, nx: bool) -> None:
+    def set(self, key: str, value: str, ex: int) -> None:
         return None
 
     async def execute(self) -> None:
@@ -198,7 +199,7 @@ async def seam_cost_us(
     )
     inputs = [
         RoutingInput(
-            ChatRequest(model="m", messages=(system, Message("user", i.text)), prepared=prepared),
+            ChatRequest(model="m", messages=(system, *i.request().messages), prepared=prepared),
             "chat", "auto-local", routes, "auto", KeyPolicy(), "key_bench", num_tokens,
         )
         for i in items
@@ -220,51 +221,26 @@ async def seam_cost_us(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="settings.toml whose [routing] to evaluate")
-    parser.add_argument("--repeat", type=int, default=200)
-    parser.add_argument("--fit", action="store_true", help="fit the scorer on the tuning half")
-    parser.add_argument("--l2", type=float, default=0.005)
+    parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--prompt-tokens", type=int, default=4096)
     parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument("--misses", action="store_true", help="list every held-out miss")
     args = parser.parse_args()
     routing = load_settings(args.config).routing if args.config else RoutingSettings()
     items = load()
-    tune = [i for i in items if i.split == "tune"]
-    held = [i for i in items if i.split == "heldout"]
-    if args.fit:
-        scorer = fit(tune, args.l2)
-        routing = routing.model_copy(update={"scorer": scorer})
-        print("[routing.scorer]  # fitted on the tuning half")
-        print(f"bias = {scorer.bias}")
-        print("weights = {" + ", ".join(f"{k} = {v}" for k, v in scorer.weights.items()) + "}")
-        print()
     judge = Judge(routing)
-    threshold = best_threshold(tune, verdicts(judge, tune))
-    held_verdicts = verdicts(judge, held)
-    chosen = decisions(held_verdicts, threshold)
-    configured = decisions(held_verdicts, judge.scorer.threshold)
-    print(f"evaluation set: {len(items)} prompts ({len(tune)} tuning, {len(held)} held out)")
-    print(f"threshold chosen on the tuning half: {threshold:.3f}  (configured: "
-          f"{judge.scorer.threshold:.3f})")  # fmt: skip
-    print(f"held-out agreement at the chosen threshold:     {agreement(held, chosen):.1%}")
-    print(f"held-out agreement at the configured threshold: {agreement(held, configured):.1%}"
-          "   (target >= 85%)")  # fmt: skip
-    for lang in ("en", "zh"):
-        pairs = [(i, t) for i, t in zip(held, configured, strict=True) if i.lang == lang]
-        part = agreement([p[0] for p in pairs], [p[1] for p in pairs])
-        print(f"  {lang}: {part:.1%} of {len(pairs)}")
-    print("confusion matrix (held out, configured threshold):")
-    print(confusion(held, configured))
-    reasons = Counter(v.reason for v in held_verdicts)
-    print("decided by: " + ", ".join(f"{r} {n}" for r, n in reasons.most_common()))
-    wrong = [i for i, t in zip(held, configured, strict=True) if i.think != t]
-    for item in wrong:
-        print(f"  disagrees: {item.id} ({item.label}): {item.text[:70]!r}")
-    print(f"cost per decision, the judge alone: {cost_us(judge, items, args.repeat)}")
+    print(f"threshold {judge.scorer.threshold:.2f}; rules: "
+          + ", ".join(r.reason.removeprefix("rule:") for r in judge.rules))  # fmt: skip
+    held = [i for i in items if i.split == "heldout"]
+    evaluate(judge, held, "held-out split (never used to fit or tune)", args.misses)
+    evaluate(judge, [i for i in items if i.split == "tune"], "tune split", False)
+    cost = cost_us(judge, items, args.repeat)
+    print(f"cost per decision, the judge alone (target p99 < 100 us):\n  {cost}")
     seam, hashing_us, cached = asyncio.run(
         seam_cost_us(routing, items, args.repeat, args.prompt_tokens, args.block_size)
     )
     print(f"cost per decision, the router seam with the prefix lookup ({args.prompt_tokens}-token "
-          f"prompt, {cached} tokens cached, blocks of {args.block_size}), target p99 < 100 us:\n"
+          f"prompt, {cached} tokens cached, blocks of {args.block_size}):\n"
           f"  {seam}")  # fmt: skip
     print(f"hashing that prompt's blocks while it is prepared (off the event loop, once): "
           f"{hashing_us:.0f} us")  # fmt: skip

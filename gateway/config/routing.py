@@ -4,6 +4,7 @@ overflow. Part of the one settings object (gateway/config/settings.py)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -18,35 +19,40 @@ class RuleSettings(BaseModel):
 
     model_config = _FROZEN
     name: str = Field(
-        min_length=1,
-        max_length=40,
-        pattern=r"^[a-z0-9-]+$",
-        description="The rule's name (lower-case letters, digits, dashes), reported as "
-        "`rule:<name>@<version>`.",
+        min_length=1, max_length=40, pattern=r"^[a-z0-9-]+$", description="The rule's name."
     )
-    version: int = Field(default=1, ge=1, description="The rule's version, reported with its name.")
+    version: int = Field(default=1, ge=1, description="Shown beside the name in the reason.")
     thinking: Literal["on", "off", "keep"] = Field(
-        description="What the rule decides: `on`, `off`, or `keep` (the conversation's mode; "
-        "the rule falls through when it has none)."
+        description='The mode it decides: "on", "off", or "keep" the conversation\'s.'
     )
+    # conditions
     last_is_tool_result: bool | None = Field(
-        default=None, description="Condition: the last message is (true) or is not a tool result."
+        default=None, description="Whether the last message must (not) be a tool result."
     )
     has_tools: bool | None = Field(
-        default=None, description="Condition: the request offers tools (true) or none (false)."
+        default=None, description="Whether the request must (not) declare tools."
     )
     pattern: str | None = Field(
         default=None,
-        description="Condition: a regular expression found in the last user turn "
-        "(case-insensitive).",
+        description="A regex searched (case-insensitively) in the ask: the user's instruction "
+        "without pasted material or the client's wrapper (gateway/routing/ask.py).",
+    )
+    requires: tuple[str, ...] = Field(
+        default=(),
+        description="Words of which one must occur in the lower-cased ask before `pattern` is "
+        "searched (a cheap test first); empty: the pattern is always searched.",
     )
     min_prompt_tokens: int | None = Field(
-        default=None, ge=0, description="Condition: the prompt has at least this many tokens."
+        default=None, ge=0, description="The least prompt tokens a request must have."
     )
     protocols: tuple[str, ...] = Field(
         default=(),
-        description="Condition: the request came in on one of these APIs (`chat`, "
-        "`completions`, `responses`, `messages`); empty: any.",
+        description="chat, completions, responses, messages; empty: all.",
+    )
+    turns: tuple[Literal["new", "continue", "tool"], ...] = Field(
+        default=(),
+        description="The turn kinds it applies to (new, continue, tool: gateway/routing/ask.py); "
+        "empty: all.",
     )
 
     @field_validator("pattern")
@@ -61,42 +67,21 @@ class RuleSettings(BaseModel):
 
 
 class ScorerSettings(BaseModel):
-    """Weights of the cheap-signal scorer: score = sigmoid(bias + sum(weight * signal)); thinking
-    goes on at `threshold` and above. Signals are described in gateway/routing/signals.py."""
+    """The learned scorer (gateway/routing/scorer.py): a logistic model over features of the
+    ask; thinking goes on at `threshold` and above."""
 
     model_config = _FROZEN
-    threshold: float = Field(
-        default=0.28,
+    weights_file: Path | None = Field(
+        default=None,
+        description="A model file written by `python -m gateway.routing.train` (gzipped JSON); "
+        "empty: the model shipped with the gateway.",
+    )
+    threshold: float | None = Field(
+        default=None,
         ge=0,
         le=1,
-        description="Thinking goes on at this score and above (chosen on the tuning half of the "
-        "routing evaluation set, `benchmarks/routing.py`).",
-    )
-    bias: float = Field(default=-1.67, description="The scorer's intercept.")
-    weights: dict[str, float] = Field(
-        default_factory=lambda: {
-            "maths": 2.2,
-            "proof": 1.83,
-            "algorithm": 1.26,
-            "debugging": 0.63,
-            "design": 2.08,
-            "code_block": 0.49,
-            "stack_trace": 0.68,
-            "reasoning_ask": 2.59,
-            "constraints": 0.43,
-            "length": 2.69,
-            "depth": 0.0,
-            "easy": -1.39,
-            "cjk": -0.44,
-        },
-        description="Weight per signal (fitted by `benchmarks/routing.py --fit`); a signal "
-        "left out weighs 0, an unknown name is refused at start.",
-    )
-    scan_chars: int = Field(
-        default=2000,
-        gt=0,
-        description="Only this many leading characters of the last user turn are read "
-        "(bounded cost).",
+        description="Thinking goes on at this score and above; empty: the model file's own "
+        "threshold (chosen when it was trained).",
     )
 
 
@@ -170,16 +155,37 @@ class PrefixSettings(BaseModel):
     )
 
 
+# A request to prove: "prove" / "show that" / 证明 opening a sentence of the ask, after at most
+# a greeting, a thanks or a polite lead ("thanks! can you prove ...", "问一下：证明："); not
+# "the logs show that", "who proved", "他说他能证明".
+PROOF_REQUEST = (
+    r"(?:^|[.!?;]\s+|\n)\s*(?:(?:thanks|thank you|thx|ok|okay|hi|hello|hey|so|now|also|and|"
+    r"question|quick question)[,!.:]?\s+)*(?:(?:please|can you|could you|would you|try to|help me|"
+    r"i need you to|i want you to|now)\s+)*(?:prove|show that|disprove|give a proof|write a proof)"
+    r"\b|(?:^|[。！？；\n])\s*(?:(?:谢谢|你好|好的|问一下|请问|题目)[，,！!：:]?\s*)*"
+    r"(?:请|试|帮我|麻烦)?(?:证明|求证)"
+)
+# The whole ask is a greeting or thanks (a leading "thanks" before a question decides nothing).
+GREETING_ONLY = (
+    r"^\s*(?:(?:hi|hello|hey|thanks|thank you|thx|cheers|good (?:morning|evening|night)|"
+    r"ok|okay|great|nice|你好|您好|谢谢(?:你|您|啦|了)?|多谢|辛苦了|早上好|晚安|嗨|好的)"
+    r"(?: so much| a lot| all)?"
+    r"[\s,!.。！，~～]*)+$"
+)
+
+
 class RoutingSettings(BaseModel):
     model_config = _FROZEN
     rules: tuple[RuleSettings, ...] = Field(
         default=(
-            RuleSettings(name="tool-results", thinking="keep", last_is_tool_result=True),
-            RuleSettings(name="tools", thinking="off", has_tools=True),
             RuleSettings(
-                name="proof-markers",
+                name="proof-request",
                 thinking="on",
-                pattern=r"\b(prove|proof|show that|lemma|theorem)\b|证明|求证",
+                pattern=PROOF_REQUEST,
+                requires=("prove", "show that", "proof", "证明", "求证"),
+            ),
+            RuleSettings(
+                name="greeting-only", thinking="off", pattern=GREETING_ONLY, turns=("new",)
             ),
         ),
         description="Named, versioned rules for auto models, in order: the first whose "
@@ -187,18 +193,18 @@ class RoutingSettings(BaseModel):
     )
     scorer: ScorerSettings = Field(
         default=ScorerSettings(),
-        description="The cheap-signal scorer that decides when no rule does: "
-        "sigmoid(bias + sum(weight x signal)).",
+        description="The learned model that decides when no rule does (its weights file and "
+        "threshold).",
     )
     breaker: BreakerSettings = Field(
         default=BreakerSettings(),
-        description="Per-provider circuit breaker: an open one is skipped at once.",
+        description="Circuit breakers and rate-limit back-off per (provider, model, account).",
     )
     sticky_ttl_s: int = Field(
         default=1800,
         ge=1,
-        description="An auto conversation keeps the thinking mode it began with for this many "
-        "seconds (stored in Redis, on every replica).",
+        description="How long a conversation's mode is kept (in Redis, on every replica) for "
+        'turns that continue its work: tool results, "continue" (gateway/routing/ask.py).',
     )
     local_max_queue: int = Field(
         default=4,

@@ -12,11 +12,13 @@ Thinking, first rule that applies:
      (under policy "auto" the switch is refused: noted as client=refused)
   3. static models: the route's forced mode, else the client's, else the provider's default
                                                           reason route | default
-  4. auto models: rules, the conversation's mode, the scorer   (see judge.py)
+  4. auto models: rules, the conversation's mode for a turn that continues the work, the
+     learned model                                        (see judge.py)
 A "shadow" model is served as static, and what "auto" would have done is reported beside it.
 Local or upstream (auto models): see local_first.py; a key limited to the local engine never
 gets an upstream route.
-The conversation's stored mode (follow-up turns of auto and shadow models) is read by `recall`,
+The conversation's stored mode (turns of auto and shadow models that continue the work: a tool
+result, "continue"; see ask.py) is read by `recall`,
 which the planner starts before the prompt is prepared so the round trip overlaps that work.
 """
 
@@ -29,10 +31,11 @@ from gateway.config.routing import RoutingSettings
 from gateway.config.settings import RoutingMode
 from gateway.errors import PermissionDenied
 from gateway.routing.aliases import Route
+from gateway.routing.ask import turn_of
 from gateway.routing.judge import Judge, Verdict
 from gateway.routing.local_first import LoadChoice, LocalFirst
 from gateway.routing.policy import KeyPolicy
-from gateway.routing.sticky import Stickiness, conversation_id, is_follow_up
+from gateway.routing.sticky import Stickiness, conversation_id
 from plumbing.record import record
 from providers.types import ChatRequest
 
@@ -99,12 +102,13 @@ class Decider:
         policy: KeyPolicy,
         key_id: str,
     ) -> asyncio.Task[bool | None] | None:
-        """Start reading the conversation's stored mode where `decide` will need it (a
-        follow-up turn the model decides thinking for), so the round trip runs meanwhile."""
+        """Start reading the conversation's stored mode where `decide` will need it (a turn
+        that continues the work, the model deciding thinking), so the round trip runs
+        meanwhile."""
         sticky = self._stickiness
         if sticky is None or not _model_decides(mode, policy, request.thinking):
             return None
-        if not is_follow_up(request):
+        if turn_of(request) == "new":
             return None
         conversation = conversation_id(key_id, public_model, request)
         return sticky.recall(conversation) if conversation is not None else None
@@ -155,10 +159,12 @@ class Decider:
         if sticky is None or conversation is None:
             return self.judge.judge(request, inp.protocol, inp.prompt_tokens)
         mode: bool | None = None
-        if is_follow_up(request):
-            mode = await (recalled if recalled is not None else sticky.mode(conversation))
+        if recalled is not None:
+            mode = await recalled
+        elif turn_of(request) != "new":
+            mode = await sticky.mode(conversation)
         verdict = self.judge.judge(request, inp.protocol, inp.prompt_tokens, mode)
-        if mode is None:
+        if verdict.reason != "sticky" and verdict.thinking != mode:
             sticky.remember(conversation, verdict.thinking)  # in the background
         return verdict
 

@@ -9,7 +9,8 @@ Format: `; `-separated `name=value` fields, in this order (optional ones only wh
      [; tried=<unreachable node>]] [; account=<i>/<n>]
 `skipped` names the providers of routes passed over (an open breaker, or a 429's back-off);
 `panic=1`: every route was open and this one was tried anyway (panic mode, breaker.py).
-Reasons: policy:off, policy:on, client, route, default, rule:<name>@<version>, sticky, score.
+Reasons: policy:off, policy:on, client, route, default, rule:<name>@<version>, sticky, model
+(the learned scorer; `score` then says its score).
 `cached`, `kept` and `overflow` are an auto model's local-or-upstream choice (local_first.py):
 how many of the prompt's leading tokens the local engine held in its prefix cache, and why the
 local engine kept the request beyond its queue allowance or passed it over.

@@ -1,16 +1,17 @@
-"""Conversation stickiness for auto models: a conversation keeps the mode it started with.
+"""Conversation stickiness for auto models: a turn that continues the work keeps its mode.
 
 A conversation is named by a hash of the key, the public model and its first messages (system
 and developer messages up to the first user message, and that user message), so every turn of
 it and every replica finds the same Redis key: `{prefix}route:conv:{sha256}` = "on" | "off",
-with a TTL. Only follow-up turns read it (`recall`: a task, started before the prompt is
-prepared so its round trip overlaps that work). The mode is written, first writer wins, in the
-background (`remember`): the writes of one event-loop iteration go out together, in one
-pipelined round trip, once the deciding code has yielded, so no request waits for them. That is
-safe because the next turn reads it only after this turn's answer reached the client, by which
-time the write, sent while this turn was admitted, has landed; were it still in flight (Redis
-stalled), that turn is decided as new and its own write loses to this one or wins alone, either
-way one mode per conversation.
+with a TTL. Only turns that continue the work read it (a tool result, "continue": `ask.turn_of`;
+`recall`: a task, started before the prompt is prepared so its round trip overlaps that work).
+Every turn decided anew (a new question, a follow-up with an ask of its own) writes its mode,
+replacing the one before, in the background (`remember`): the writes of one event-loop iteration
+go out together, in one pipelined round trip, once the deciding code has yielded, so no request
+waits for them. That is safe because the next turn reads it only after this turn's answer
+reached the client, by which time the write, sent while this turn was admitted, has landed;
+were it still in flight (Redis stalled), the continuing turn finds the mode before it or none,
+and then is decided on the ask it continues.
 Stickiness is best-effort: when Redis fails, the request is decided as a new conversation
 (logged), never refused.
 """
@@ -44,11 +45,6 @@ def conversation_id(key_id: str, model: str, request: ChatRequest) -> str | None
     return None
 
 
-def is_follow_up(request: ChatRequest) -> bool:
-    """Whether the conversation has turns before this one (only then is Redis asked)."""
-    return any(m.role in ("assistant", "tool") for m in request.messages)
-
-
 class Stickiness:
     def __init__(self, redis: Redis, prefix: str, ttl_s: int) -> None:
         self._redis = redis
@@ -63,11 +59,11 @@ class Stickiness:
         return self._track(self.mode(conversation))
 
     def remember(self, conversation: str, thinking: bool) -> None:
-        """Store the conversation's mode unless it already has one (first writer wins), in the
-        background (sent once the loop runs again)."""
+        """Store the conversation's mode, replacing the one before (the latest turn decided
+        anew wins), in the background (sent once the loop runs again)."""
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.setdefault(self._prefix + conversation, "on" if thinking else "off")
+        self._pending[self._prefix + conversation] = "on" if thinking else "off"
 
     async def drain(self) -> None:
         """Send the writes not yet sent and wait for the reads and writes in flight (shutdown,
@@ -95,7 +91,7 @@ class Stickiness:
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key, value in writes.items():
-                    pipe.set(key, value, ex=self._ttl_s, nx=True)
+                    pipe.set(key, value, ex=self._ttl_s)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
             log.warning("sticky_write_failed", error=str(exc), writes=len(writes))

@@ -1,22 +1,31 @@
-"""The routing evaluation set: prompts labelled think or direct, and how a judge is scored on
-it (used by tests/gateway/routing/test_routing_eval.py and benchmarks/routing.py).
+"""The routing evaluation data: labelled conversations, and how a judge is scored on them
+(used by gateway/routing/train.py's users: tests/gateway/routing/test_routing_eval.py and
+benchmarks/routing.py).
 
-`prompts.jsonl`, one object per line: id, lang (en | zh), label (think | direct), category,
-split (tune: thresholds and weights are chosen on it | heldout: agreement is reported on it),
-source (where the prompt and its label come from), text.
+`train.jsonl` (split "train": the learned scorer is fitted on it) and `eval.jsonl` (split
+"tune": the threshold may be chosen on it; "heldout": agreement is reported on it, never used
+for fitting or choosing), written from the rubric by people other than the scorer's author.
+One object a line: id, lang (en | zh | mixed), label (think | fast, for the LAST turn),
+category, adversarial, client (plain | cline | claude-code | codex | sdk), messages (the chat
+messages as the client sends them), note, split.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gateway.pipeline.prompt_estimates import estimate_prompt_tokens
 from gateway.routing.judge import Judge, Verdict
-from providers.types import ChatRequest, Message
+from gateway.routing.train import request_of
+from providers.types import ChatRequest
 
-PROMPTS = Path(__file__).with_name("prompts.jsonl")
+HERE = Path(__file__).parent
+TRAIN = HERE / "train.jsonl"
+EVAL = HERE / "eval.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,25 +34,33 @@ class Item:
     lang: str
     label: str
     category: str
+    adversarial: bool
+    client: str
+    messages: list[dict[str, Any]]
+    note: str
     split: str
-    source: str
-    text: str
 
     @property
     def think(self) -> bool:
         return self.label == "think"
 
     def request(self) -> ChatRequest:
-        return ChatRequest(model="auto", messages=(Message(role="user", content=self.text),))
+        return request_of(self.messages)
+
+    def text(self) -> str:
+        """The last message's text (for listing misses)."""
+        content = self.messages[-1].get("content") or ""
+        return content if isinstance(content, str) else json.dumps(content)
 
 
-def load() -> list[Item]:
-    with PROMPTS.open(encoding="utf-8") as fh:
+def load(path: Path = EVAL) -> list[Item]:
+    with path.open(encoding="utf-8") as fh:
         return [Item(**json.loads(line)) for line in fh if line.strip()]
 
 
 def verdicts(judge: Judge, items: list[Item]) -> list[Verdict]:
-    """The judge's decision for each item as the first turn of a chat conversation."""
+    """The judge's decision for each item's last turn, the conversation having no stored mode
+    (a continuing turn is then decided on the ask it continues, as its first turn was)."""
     out = []
     for item in items:
         request = item.request()
@@ -56,14 +73,47 @@ def decisions(verdicts_: list[Verdict], threshold: float) -> list[bool]:
     return [v.thinking if v.score is None else v.score >= threshold for v in verdicts_]
 
 
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Agreement of decisions with labels, and both kinds of error."""
+
+    n: int
+    agreement: float
+    fast_on: float  # of the fast items, the share sent to thinking
+    think_off: float  # of the think items, the share sent to fast
+
+    @classmethod
+    def of(cls, items: list[Item], thinking: list[bool]) -> Report:
+        pairs = list(zip(items, thinking, strict=True))
+        fast = [t for i, t in pairs if not i.think]
+        think = [t for i, t in pairs if i.think]
+        agree = sum(i.think == t for i, t in pairs)
+        return cls(
+            len(pairs),
+            agree / len(pairs) if pairs else 0.0,
+            sum(fast) / len(fast) if fast else 0.0,
+            sum(not t for t in think) / len(think) if think else 0.0,
+        )
+
+
 def agreement(items: list[Item], thinking: list[bool]) -> float:
-    return sum(i.think == t for i, t in zip(items, thinking, strict=True)) / len(items)
+    return Report.of(items, thinking).agreement
 
 
-def best_threshold(items: list[Item], verdicts_: list[Verdict]) -> float:
-    """The threshold with the highest agreement on `items` (ties: the one nearest 0.5)."""
-    candidates = sorted({round(v.score, 4) for v in verdicts_ if v.score is not None} | {0.5})
-    return max(
-        candidates,
-        key=lambda t: (agreement(items, decisions(verdicts_, t)), -abs(t - 0.5)),
+def by(items: list[Item], thinking: list[bool], key: str) -> dict[str, Report]:
+    """A report per value of the item field `key` (category, lang, client, adversarial)."""
+    groups: dict[str, tuple[list[Item], list[bool]]] = {}
+    for item, t in zip(items, thinking, strict=True):
+        part = groups.setdefault(str(getattr(item, key)), ([], []))
+        part[0].append(item)
+        part[1].append(t)
+    return {k: Report.of(*v) for k, v in sorted(groups.items())}
+
+
+def reasons_of_misses(
+    items: list[Item], verdicts_: list[Verdict], thinking: list[bool]
+) -> Counter[str]:
+    """How many misses each reason (a rule's name, sticky, model) decided."""
+    return Counter(
+        v.reason for i, v, t in zip(items, verdicts_, thinking, strict=True) if i.think != t
     )

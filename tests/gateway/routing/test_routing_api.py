@@ -40,7 +40,7 @@ async def test_an_auto_model_decides_per_request_on_chat(routed: Routed) -> None
     client = routed.client(await routed.key())
     answer, route = await chat(client, "auto-model", HARD)
     assert answer.choices[0].message.content  # served
-    assert route["thinking"] == "on" and route["reason"] == "score"
+    assert route["thinking"] == "on" and route["reason"] == "model"
     assert float(route["score"]) >= 0.5
     assert route["provider"] == "mock" and route["model"] == "echo"
     assert routed.sent_thinking() == {"type": "enabled"}
@@ -48,7 +48,7 @@ async def test_an_auto_model_decides_per_request_on_chat(routed: Routed) -> None
     assert route["thinking"] == "off" and float(route["score"]) < 0.5
     assert routed.sent_thinking() == {"type": "disabled"}
     _, route = await chat(client, "auto-model", "Prove that there are infinitely many primes.")
-    assert route == {**route, "thinking": "on", "reason": "rule:proof-markers@1"}
+    assert route == {**route, "thinking": "on", "reason": "rule:proof-request@1"}
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/responses"])
@@ -64,7 +64,7 @@ async def test_an_auto_model_decides_on_completions_and_responses(
                 assert resp.status == 200
                 await resp.read()
                 route = fields(resp.headers["x-gateway-route"])
-            assert route["thinking"] == expected and route["reason"] == "score"
+            assert route["thinking"] == expected and route["reason"] == "model"
             sent = {"on": {"type": "enabled"}, "off": {"type": "disabled"}}[expected]
             assert routed.sent_thinking() == sent
 
@@ -79,7 +79,7 @@ async def test_the_client_switch_is_honoured_or_refused_by_policy(routed: Routed
     assert (route["thinking"], route["reason"]) == ("on", "client")
     strict = routed.client(await routed.key(thinking="auto"))
     _, route = await chat(strict, "auto-model", HARD, extra_body=off)
-    assert (route["thinking"], route["reason"], route["client"]) == ("on", "score", "refused")
+    assert (route["thinking"], route["reason"], route["client"]) == ("on", "model", "refused")
     assert routed.sent_thinking() == {"type": "enabled"}
 
 
@@ -107,39 +107,52 @@ async def test_a_key_with_thinking_off_never_receives_reasoning(routed: Routed) 
     assert answer.choices[0].message.model_extra["reasoning_content"]
 
 
-async def test_a_conversation_keeps_its_mode_across_turns_and_gateways(
+async def test_a_turn_that_continues_keeps_the_mode_and_a_new_question_is_judged_anew(
     routed: Routed, mock_upstream: MockUpstream, redis_prefix: str, tmp_path: Path
 ) -> None:
     key = await routed.key()
     first = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": HARD}]
     _, route = await chat(routed.client(key), "auto-model", "", messages=first)
-    assert route["thinking"] == "on" and route["reason"] == "score"
-    follow_up = [
-        *first,
-        {"role": "assistant", "content": "There are 738 such pairs."},
-        {"role": "user", "content": "Thanks! Translate your answer into French."},
-    ]
+    assert route["thinking"] == "on" and route["reason"] == "model"
+    answered = [*first, {"role": "assistant", "content": "There are 738 such pairs."}]
+    go_on = {"role": "user", "content": "Go on."}
     # a second gateway process on the same Redis
     async with gateway_process(mock_upstream, redis_prefix, tmp_path) as other:
         client = openai.AsyncOpenAI(base_url=f"{other}/v1", api_key=key, max_retries=0)
         async with client:
-            _, route = await chat(client, "auto-model", "", messages=follow_up)
+            # "go on" continues the work: the conversation's mode, whichever gateway serves it
+            _, route = await chat(client, "auto-model", "", messages=[*answered, go_on])
             assert (route["thinking"], route["reason"]) == ("on", "sticky")
             assert routed.sent_thinking() == {"type": "enabled"}
-            # a conversation that began easy stays off, whichever gateway serves its turns
-            easy_first = [{"role": "user", "content": EASY}]
-            _, route = await chat(client, "auto-model", "", messages=easy_first)
-            assert route["thinking"] == "off"
-        easy_follow = [*easy_first, {"role": "assistant", "content": "Buenos días."}, first[1]]
-        _, route = await chat(routed.client(key), "auto-model", "", messages=easy_follow)
+            # an easy follow-up with an ask of its own is judged anew
+            table = {"role": "user", "content": "Thanks! Now format that answer as a table."}
+            _, route = await chat(client, "auto-model", "", messages=[*answered, table])
+            assert (route["thinking"], route["reason"]) == ("off", "model")
+        # and it is now the mode the work continues in
+        formatted = [*answered, table, {"role": "assistant", "content": "| pairs |"}, go_on]
+        _, route = await chat(routed.client(key), "auto-model", "", messages=formatted)
         assert (route["thinking"], route["reason"]) == ("off", "sticky")
+    # small talk, then a hard question: judged anew, on
+    easy_first = [{"role": "user", "content": EASY}]
+    _, route = await chat(routed.client(key), "auto-model", "", messages=easy_first)
+    assert route["thinking"] == "off"
+    easy_answered = [*easy_first, {"role": "assistant", "content": "Buenos días."}]
+    _, route = await chat(routed.client(key), "auto-model", "", messages=[*easy_answered, go_on])
+    assert (route["thinking"], route["reason"]) == ("off", "sticky")
+    hard_next = [*easy_answered, first[1]]
+    _, route = await chat(routed.client(key), "auto-model", "", messages=hard_next)
+    assert (route["thinking"], route["reason"]) == ("on", "model")
 
 
-async def test_tool_results_keep_the_mode_and_tools_turn_thinking_off(routed: Routed) -> None:
+async def test_tool_results_keep_the_mode_and_declared_tools_decide_nothing(
+    routed: Routed,
+) -> None:
     client = routed.client(await routed.key())
     tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
     _, route = await chat(client, "auto-model", HARD + " Use the calculator.", tools=tools)
-    assert (route["thinking"], route["reason"]) == ("off", "rule:tools@1")
+    assert (route["thinking"], route["reason"]) == ("on", "model")  # an agent's hard task
+    _, route = await chat(client, "auto-model", EASY, tools=tools)
+    assert (route["thinking"], route["reason"]) == ("off", "model")
     turns = [
         {"role": "user", "content": HARD},
         {"role": "assistant", "content": None, "tool_calls": [
@@ -147,23 +160,23 @@ async def test_tool_results_keep_the_mode_and_tools_turn_thinking_off(routed: Ro
         ]},
         {"role": "tool", "tool_call_id": "c1", "content": "738"},
     ]  # fmt: skip
-    _, route = await chat(client, "auto-model", "", messages=turns[:1])
+    _, route = await chat(client, "auto-model", "", messages=turns[:1], tools=tools)
     assert route["thinking"] == "on"  # the conversation begins thinking
     _, route = await chat(client, "auto-model", "", messages=turns, tools=tools)
-    assert (route["thinking"], route["reason"]) == ("on", "rule:tool-results@1")
+    assert (route["thinking"], route["reason"]) == ("on", "sticky")
 
 
 async def test_shadow_mode_reports_without_applying(routed: Routed) -> None:
     client = routed.client(await routed.key())
     _, route = await chat(client, "shadow-model", HARD)
     assert (route["thinking"], route["reason"]) == ("off", "default")
-    assert (route["shadow_thinking"], route["shadow_reason"]) == ("on", "score")
+    assert (route["shadow_thinking"], route["shadow_reason"]) == ("on", "model")
     assert routed.sent_thinking() is None  # served as the static model it still is
     async with aiohttp.ClientSession() as http, http.get(routed.root + "/metrics") as resp:
         text = await resp.text()
     assert (
         'gateway_routing_decisions_total{load="none",mode="shadow",provider="mock",'
-        'reason="score",thinking="on"} 1.0'
+        'reason="model",thinking="on"} 1.0'
     ) in text
     assert (
         'gateway_routing_decisions_total{load="none",mode="applied",provider="mock",'
@@ -180,7 +193,7 @@ async def test_the_decision_is_in_the_usage_record(routed: Routed, redis: Redis)
     entries = await redis.xrange(f"{routed.prefix}usage-log")
     records = [{k.decode(): v.decode() for k, v in e.items()} for _, e in entries]
     auto, plain = records
-    assert auto["route_reason"] == "score" and auto["thinking"] == "on"
+    assert auto["route_reason"] == "model" and auto["thinking"] == "on"
     assert fields(auto["route"]) == route
     assert plain["route_reason"] == "default" and plain["thinking"] == ""  # provider default
 

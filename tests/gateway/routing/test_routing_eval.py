@@ -1,39 +1,64 @@
-"""The evaluation set is what the issue asks for, and the default routing settings agree with
-its held-out half at least 85% of the time (the threshold chosen on the tuning half)."""
+"""The routing data sets are what the rubric asks for, the shipped model was trained on the
+training set only, and the default routing settings keep their held-out figures (measured with
+benchmarks/routing.py, less a small margin)."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections import Counter
+
+import pytest
 
 from gateway.config.routing import RoutingSettings
 from gateway.routing.judge import Judge
-from testkit.routing_eval import agreement, best_threshold, decisions, load, verdicts
+from gateway.routing.scorer import SHIPPED
+from testkit.routing_eval import TRAIN, Item, Report, by, load, verdicts
+
+MARGIN = 0.02
+# held out, as measured: overall, adversarial, not adversarial; fast sent to thinking
+OVERALL, ADVERSARIAL, PLAIN, FAST_ON = 0.895, 0.881, 0.910, 0.072
+PER_LANG = {"en": 0.904, "zh": 0.881}
 
 
-def test_the_set_has_300_labelled_sourced_prompts_in_english_and_chinese() -> None:
-    items = load()
-    assert len(items) >= 300
-    assert len({i.id for i in items}) == len(items)
-    counts = Counter((i.lang, i.label) for i in items)
-    assert set(counts) == {("en", "think"), ("en", "direct"), ("zh", "think"), ("zh", "direct")}
-    assert min(counts.values()) >= 50
-    assert all(i.source and i.text.strip() and i.split in ("tune", "heldout") for i in items)
-    halves = Counter((i.split, i.label) for i in items)
-    assert min(halves.values()) >= 50  # both halves hold both labels
+@pytest.fixture(scope="module")
+def held() -> tuple[list[Item], list[bool]]:
+    items = [i for i in load() if i.split == "heldout"]
+    thinking = [v.thinking for v in verdicts(Judge(RoutingSettings()), items)]
+    return items, thinking
 
 
-def test_held_out_agreement_is_at_least_85_percent() -> None:
-    items = load()
-    judge = Judge(RoutingSettings())
-    tune = [i for i in items if i.split == "tune"]
-    held = [i for i in items if i.split == "heldout"]
-    threshold = best_threshold(tune, verdicts(judge, tune))
-    held_verdicts = verdicts(judge, held)
-    assert agreement(held, decisions(held_verdicts, threshold)) >= 0.85
-    # and at the configured threshold, which is what the gateway runs with
-    configured = judge.scorer.threshold
-    assert agreement(held, decisions(held_verdicts, configured)) >= 0.85
-    for lang in ("en", "zh"):
-        part = [(i, v) for i, v in zip(held, held_verdicts, strict=True) if i.lang == lang]
-        items_, verdicts_ = [p[0] for p in part], [p[1] for p in part]
-        assert agreement(items_, decisions(verdicts_, configured)) >= 0.8
+def test_the_sets_cover_the_rubric_and_do_not_overlap() -> None:
+    train, evaluation = load(TRAIN), load()
+    assert len(train) >= 2000 and {i.split for i in train} == {"train"}
+    assert Counter(i.split for i in evaluation).keys() == {"tune", "heldout"}
+    ids = [i.id for i in train + evaluation]
+    assert len(set(ids)) == len(ids)
+    for items in (train, evaluation):
+        assert {i.lang for i in items} >= {"en", "zh"}
+        assert {i.client for i in items} >= {"plain", "cline", "claude-code", "codex"}
+        labels = Counter(i.label for i in items)
+        assert labels.keys() == {"think", "fast"} and min(labels.values()) >= len(items) // 3
+        assert 0.3 <= sum(i.adversarial for i in items) / len(items) <= 0.7
+        assert all(i.messages and i.messages[-1]["role"] in ("user", "tool") for i in items)
+
+
+def test_the_shipped_model_was_trained_on_the_training_set() -> None:
+    with gzip.open(SHIPPED, "rt", encoding="utf-8") as fh:
+        trained = json.load(fh)["trained"]
+    assert trained["items"] == len(load(TRAIN))
+
+
+def test_held_out_agreement_stays_at_its_measured_level(
+    held: tuple[list[Item], list[bool]],
+) -> None:
+    items, thinking = held
+    overall = Report.of(items, thinking)
+    assert overall.agreement >= OVERALL - MARGIN
+    assert overall.fast_on <= FAST_ON + MARGIN
+    adversarial = by(items, thinking, "adversarial")
+    assert adversarial["True"].agreement >= ADVERSARIAL - MARGIN
+    assert adversarial["False"].agreement >= PLAIN - MARGIN
+    langs = by(items, thinking, "lang")
+    for lang, measured in PER_LANG.items():
+        assert langs[lang].agreement >= measured - MARGIN, lang

@@ -10,7 +10,7 @@ from gateway.config.routing import BreakerSettings, RoutingSettings
 from gateway.config.settings import Settings
 from gateway.routing.breaker import ALLOW, BACKOFF, OPEN, Breaker, Breakers, counts_as_failure
 from gateway.routing.judge import Judge
-from gateway.routing.sticky import conversation_id, is_follow_up
+from gateway.routing.sticky import conversation_id
 from providers import errors as perr
 from providers.types import ChatRequest, Message
 from providers.upstream.errors import http_error
@@ -134,8 +134,10 @@ def test_bad_routing_settings_are_refused_at_load() -> None:
         Settings(routing={"rules": [{"name": "x", "thinking": "on", "pattern": "("}]})
     with pytest.raises(ValidationError):
         Settings(routing={"rules": [{"name": "Bad Name", "thinking": "on"}]})
-    with pytest.raises(ValueError, match="unknown signals"):
-        Judge(RoutingSettings(scorer={"weights": {"vibes": 1.0}}))
+    with pytest.raises(ValidationError):
+        Settings(routing={"rules": [{"name": "x", "thinking": "on", "turns": ["sideways"]}]})
+    with pytest.raises(ValueError, match="not a readable model"):
+        Judge(RoutingSettings(scorer={"weights_file": __file__}))
 
 
 def test_a_conversation_is_named_by_its_first_messages() -> None:
@@ -146,4 +148,3 @@ def test_a_conversation_is_named_by_its_first_messages() -> None:
     assert a != conversation_id("k2", "m", ChatRequest("m", first))
     assert a != conversation_id("k", "m", ChatRequest("m", (Message("user", "hello"),)))
     assert conversation_id("k", "m", ChatRequest("m", (), prompt="text")) is None
-    assert not is_follow_up(ChatRequest("m", first)) and is_follow_up(ChatRequest("m", later))

@@ -24,12 +24,12 @@ from providers.types import ChatRequest, Message, PreparedPrompt
 
 HARD = "Prove that there are infinitely many primes."
 FIRST = (Message("user", HARD),)
-FOLLOW_UP = (*FIRST, Message("assistant", "Suppose not."), Message("user", "Thanks, and?"))
+FOLLOW_UP = (*FIRST, Message("assistant", "Suppose not."), Message("user", "Thanks, go on."))
 
 
 @dataclass
 class GatedRedis:
-    """GET, and pipelined SET NX, on a dict; each reply waits until `gate` is set."""
+    """GET, and pipelined SET, on a dict; each reply waits until `gate` is set."""
 
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     store: dict[str, bytes] = field(default_factory=dict)
@@ -55,14 +55,14 @@ class Pipeline:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
-    def set(self, key: str, value: str, ex: int, nx: bool) -> None:
+    def set(self, key: str, value: str, ex: int) -> None:
         self.sets.append((key, value))
 
     async def execute(self) -> None:
         self.redis.calls.append(f"set x{len(self.sets)}")
         await self.redis.gate.wait()
         for key, value in self.sets:
-            self.redis.store.setdefault(key, value.encode())
+            self.redis.store[key] = value.encode()
 
 
 @dataclass
@@ -84,7 +84,7 @@ async def test_a_first_turn_is_decided_without_waiting_for_its_write() -> None:
     chat = ChatRequest(model="m", messages=FIRST)
     inp = RoutingInput(chat, "chat", "m", ROUTES, "auto", KeyPolicy(), "k", 10)
     decision = await asyncio.wait_for(decider.decide(inp), 10)  # no Redis reply can arrive
-    assert (decision.thinking, decision.reason) == (True, "rule:proof-markers@1")
+    assert (decision.thinking, decision.reason) == (True, "rule:proof-request@1")
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert redis.calls == ["set x1"] and not redis.store  # sent, not yet answered
@@ -92,7 +92,7 @@ async def test_a_first_turn_is_decided_without_waiting_for_its_write() -> None:
     await stickiness.drain()
     conversation = conversation_id("k", "m", chat)
     assert redis.store == {f"p:route:conv:{conversation}": b"on"}
-    # the follow-up turn reads it back (and writes nothing)
+    # a turn that continues the work reads it back (and writes nothing)
     next_turn = ChatRequest(model="m", messages=FOLLOW_UP)
     follow_up = RoutingInput(next_turn, "chat", "m", ROUTES, "auto", KeyPolicy(), "k", 10)
     assert (await decider.decide(follow_up)).reason == "sticky"
@@ -147,10 +147,10 @@ async def test_writes_of_one_loop_iteration_share_a_round_trip_and_failures_are_
     stickiness = sticky(redis)
     stickiness.remember("c1", True)
     stickiness.remember("c2", False)
-    stickiness.remember("c1", False)  # the first write of a conversation wins
+    stickiness.remember("c1", False)  # the latest turn decided anew wins
     await stickiness.drain()
     assert redis.calls == ["set x2"]
-    assert redis.store == {"p:route:conv:c1": b"on", "p:route:conv:c2": b"off"}
+    assert redis.store == {"p:route:conv:c1": b"off", "p:route:conv:c2": b"off"}
 
     class Down(GatedRedis):
         def pipeline(self, transaction: bool) -> Pipeline:

@@ -1,0 +1,367 @@
+"""The ask of a request: the user's instruction, apart from the material it carries.
+
+`ask_of(request)` reads the turn being decided (the last message) and returns an `Ask`:
+  instruction  the words the user wrote as the request, at most `_MAX_INSTRUCTION` characters
+               (its head and tail when longer): what rules match and the model scores;
+  material     the kinds of material carried around it (`MATERIAL_KINDS`) and their size in
+               characters, features of their own, so pasted text never reads as a long ask;
+  client       the agent whose wrapper was recognised: cline | claude-code | codex | plain;
+  turn         how the turn is classified (below), and `earlier` (user turns before it).
+
+What counts as material, removed from the instruction:
+  - client context blocks: Cline's <environment_details>, <file_content>, `[tool for 'x'] Result:`
+    messages; Claude Code's <system-reminder>; Codex's <environment_context>, `# AGENTS.md
+    instructions` with <INSTRUCTIONS>, <user_instructions>; Cline's <task> and <feedback> hold
+    the instruction itself;
+  - fenced code blocks (```), and XML-like document blocks (<document>, <file>, <log>, ...);
+  - lines that look pasted: log lines (a timestamp or level first), stack-trace frames, quoted
+    lines ("> "), e-mail headers, indented or symbol-heavy code, `key: value` / `key = value`
+    configuration lines;
+  - in a long text of several paragraphs, the paragraphs between the first and the last (a pasted
+    document), and everything after a lead-in ending in a colon ("Here is the log:", "内容如下：");
+  - long quoted text inside the ask ("Translate this: '...'", 把“...”改写一下), left as “…”.
+
+How a turn is classified (`turn`):
+  "tool"      the last message is a tool result (role tool, or Cline's `[tool] Result:` user
+              message): the work goes on, so the conversation keeps its mode;
+  "continue"  a user turn with no ask of its own ("continue", "go on", "yes, do it", "继续"):
+              also keeps the mode;
+  "new"       anything else, a follow-up included ("now format it as a table", a new question
+              after small talk): judged anew on its own ask.
+For "tool" and "continue" turns, `anchor` is the ask of the latest user turn that was "new" (the
+work being continued); the judge falls back to it when the conversation has no stored mode.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from plumbing.record import record
+from providers.types import ChatRequest, Message
+
+Turn = Literal["new", "continue", "tool"]
+MATERIAL_KINDS = ("context", "code", "log", "trace", "config", "quote", "document", "tool")
+_MAX_INSTRUCTION = 300  # characters scored: the ask's head (2/3) and tail (1/3) beyond it
+_MAX_SCAN = 20_000  # characters of one message read at all (bounded cost)
+_EDGE_LINES = 12  # lines read one by one at each end of a long text
+
+# Client wrappers: blocks removed whole (context), and blocks whose body is the instruction.
+_CONTEXT_BLOCK = re.compile(
+    r"<(environment_details|system-reminder|environment_context|user_instructions|INSTRUCTIONS"
+    r"|file_content|context|attachments?)\b[^>]*>.*?(?:</\1>|\Z)",
+    re.S,
+)
+_AGENTS_MD = re.compile(r"^# AGENTS\.md instructions for [^\n]*\n?", re.M)
+_INSTRUCTION_BLOCK = re.compile(r"<(task|feedback|user_message|user_query)>(.*?)(?:</\1>|\Z)", re.S)
+_CLINE_RESULT = re.compile(r"^\[([a-z_]+)(?: for [^\]]*)?\] Result:", re.M)
+_DOC_BLOCK = re.compile(
+    r"<(document|file|log|logs|email|article|text|code|config|diff|output|source)\b[^>]*>"
+    r".*?(?:</\1>|\Z)",
+    re.S,
+)
+_FENCE = re.compile(r"```[^\n]*\n?(.*?)(?:```|\Z)", re.S)
+
+# Pasted lines.
+_LOG_LINE = re.compile(
+    r"^\s*(?:\[?\d{4}[-/]\d\d[-/]\d\d|\[?\d\d:\d\d:\d\d|\d{10,}|\[?(?:DEBUG|INFO|WARN|WARNING"
+    r"|ERROR|FATAL|TRACE|CRITICAL|E\d{4}|I\d{4}|W\d{4})\b)"
+)
+_TRACE_LINE = re.compile(
+    r"^\s*(?:at [\w.$<>]+\(|File \"[^\"]+\", line \d|Traceback \(most recent|"
+    r"goroutine \d+|thread '[^']*' panicked|\w+(?:\.\w+)*(?:Error|Exception): |#\d+ 0x)"
+)
+_QUOTE_LINE = re.compile(r"^\s*(?:>|\|)")
+_MAIL_LINE = re.compile(
+    r"^\s*(?i:From|To|Cc|Subject|Date|Sent|发件人|收件人|主题|抄送|日期)\s*[:：]"
+)
+_CONFIG_LINE = re.compile(
+    r"^\s*(?:- )?[\w.\-\"']{1,30}(?: [\w.\-]{1,20}){0,2}\s*(?:[:=]\s*\S|[:=]\s*$)"
+)
+_CODE_LINE = re.compile(
+    r"^(?:    |\t)|[;{}]\s*$|^\s*(?:def |class |import |from \S+ import |#include|//)"
+)
+_LINE_HEAD = re.compile(
+    f"(?P<trace>{_TRACE_LINE.pattern})|(?P<log>{_LOG_LINE.pattern})"
+    f"|(?P<quote>{_QUOTE_LINE.pattern}|{_MAIL_LINE.pattern})"
+)
+# Text quoted inside the ask ("translate this: '...'", 把这句“...”翻译成英文) is material too, when
+# long enough not to be a name or a phrase the ask is about.
+_QUOTE_MARKS = re.compile(r"[\"“‘「『']")
+_QUOTED = re.compile(
+    r"\"[^\"\n]{40,}\"|“[^”]{24,}”|‘[^’]{40,}’|「[^」]{24,}」|『[^』]{24,}』"
+    r"|(?<=[\s:：])'[^'\n]{40,}'(?=[\s.,;:?!)]|$)"
+)
+_PROSE_END = re.compile(r"[.?!。？！]\s*$")
+_LEAD_IN = re.compile(r"(?:[:：]|如下|below|following)\s*$", re.I)
+_ASK_LINE = re.compile(r"[.?!。？！:：]\s*$")
+_ATTACHED = re.compile(
+    r"^\s*(?:附件?|原文|正文|日志|以下是|attached|original|text|log|output)\s*[:：]", re.I
+)
+_CJK = re.compile(r"[\u3400-\u9fff]")
+
+# A user turn that continues the work without an ask of its own (the whole ask, lower-cased,
+# punctuation stripped).
+_CONTINUE = re.compile(
+    r"^(?:(?:ok|okay|yes|yep|sure|good|great|thanks|thank you|please)\s*)*"
+    r"(?:continue|go on|keep going|go ahead|proceed|carry on|do it|next|and|and then|more"
+    r"|finish it|resume|try again|retry|same for the rest|do the rest)(?: please)?$"
+    r"|^(?:ok|okay|yes|yep|sure)$"
+    r"|^(?:好的?|嗯|是的?|对|可以|谢谢)?\s*(?:继续|接着来?|接着说|然后呢|请继续|下一步|再来|重试|行)$"
+)
+_PUNCT = re.compile(r"[\s.,!?;:。，！？；：…~\-]+")
+
+
+@record
+class Ask:
+    instruction: str  # the user's words, at most _MAX_INSTRUCTION characters
+    material: tuple[str, ...]  # kinds, in the order of MATERIAL_KINDS
+    material_chars: int
+    client: str  # cline | claude-code | codex | plain
+    turn: Turn
+    earlier: int  # user turns before this one
+    anchor: Ask | None = None  # for tool/continue turns: the ask being continued
+
+
+def ask_of(request: ChatRequest) -> Ask:
+    """The ask of the request's last turn (a completion's prompt is one user turn)."""
+    if request.prompt is not None:
+        return _user_ask(request.prompt, "plain", 0, "new")
+    messages = request.messages
+    client = _client(messages)
+    users = [i for i, m in enumerate(messages) if m.role == "user"]
+    last = _last_turn(messages, users)
+    if last is None:
+        return Ask("", (), 0, client, "new", 0)
+    turn = _turn_of(messages[last])
+    earlier = sum(1 for i in users if i < last)
+    if turn == "new":
+        return _user_ask(messages[last].text, client, earlier, "new")
+    anchor = _anchor(messages, users, last, client)
+    if turn == "tool":
+        return Ask("", ("tool",), len(messages[last].text), client, turn, earlier, anchor)
+    instruction = _user_ask(messages[last].text, client, earlier, turn).instruction
+    return Ask(instruction, (), 0, client, turn, earlier, anchor)
+
+
+def turn_of(request: ChatRequest) -> Turn:
+    """How the request's last turn is classified (see the module), without reading its
+    material: what decides whether the conversation's stored mode is needed."""
+    if request.prompt is not None:
+        return "new"
+    messages = request.messages
+    users = [i for i, m in enumerate(messages) if m.role == "user"]
+    last = _last_turn(messages, users)
+    return "new" if last is None else _turn_of(messages[last])
+
+
+def _last_turn(messages: tuple[Message, ...], users: list[int]) -> int | None:
+    """The index of the turn being decided: the last message, or with an assistant prefill
+    last, the user turn before it."""
+    if not users:
+        return None
+    return len(messages) - 1 if messages[-1].role in ("user", "tool") else users[-1]
+
+
+def _anchor(
+    messages: tuple[Message, ...], users: list[int], before: int, client: str
+) -> Ask | None:
+    """The latest user turn before `before` that asks something of its own."""
+    earlier = [u for u in users if u < before]
+    for n in range(len(earlier) - 1, -1, -1):
+        message = messages[earlier[n]]
+        if _turn_of(message) != "new":
+            continue
+        ask = _user_ask(message.text, client, n, "new")
+        if ask.instruction:
+            return ask
+    return None
+
+
+def _turn_of(message: Message) -> Turn:
+    if message.role == "tool":
+        return "tool"
+    text = message.text[:_MAX_SCAN]
+    result = _CLINE_RESULT.match(text)
+    if result is not None and result.group(1) != "attempt_completion":
+        return "tool"
+    if result is not None and "<feedback>" not in text:
+        return "tool"
+    instruction = text
+    if "<" in text:
+        wrapped = _strip_wrappers(text)
+        instruction = (
+            _AGENTS_MD.sub("", _CONTEXT_BLOCK.sub("", text)) if wrapped is None else wrapped
+        )
+    words = _PUNCT.sub(" ", instruction[:200].lower()).strip()
+    if not words and text.strip():
+        return "continue"  # context only (a Codex environment message): the work goes on
+    if words and len(words) <= 40 and _CONTINUE.match(words):
+        return "continue"
+    return "new"
+
+
+def _client(messages: tuple[Message, ...]) -> str:
+    for message in messages[:4]:
+        head = message.text[:400]
+        if message.role == "system":
+            if "You are Cline" in head:
+                return "cline"
+            if "Claude Code" in head:
+                return "claude-code"
+            if "Codex" in head:
+                return "codex"
+        elif message.role == "user":
+            if "<environment_context>" in head or head.startswith("# AGENTS.md"):
+                return "codex"
+            if "<task>" in head or "<environment_details>" in head:
+                return "cline"
+            if "<system-reminder>" in head:
+                return "claude-code"
+    return "plain"
+
+
+def _strip_wrappers(text: str) -> str | None:
+    """The instruction inside a client's wrapper (<task>, <feedback>), None when there is no
+    such block."""
+    found = [m.group(2) for m in _INSTRUCTION_BLOCK.finditer(text)]
+    return "\n".join(found).strip() if found else None
+
+
+def _user_ask(raw: str, client: str, earlier: int, turn: Turn) -> Ask:
+    text = raw[:_MAX_SCAN]
+    kinds: set[str] = set()
+    material = len(raw) - len(text)
+    tagged = "<" in text  # the regexes below run only where they can match
+    wrapped = _strip_wrappers(text) if tagged else None
+    stripped = _CONTEXT_BLOCK.sub("", text) if tagged else text
+    if "AGENTS.md" in stripped:
+        stripped = _AGENTS_MD.sub("", stripped)
+    if wrapped is not None or len(stripped) < len(text):
+        kinds.add("context")
+        material += len(text) - len(stripped)
+    if wrapped is not None:
+        stripped = wrapped
+    body, code = _remove(_FENCE, stripped) if "```" in stripped else (stripped, "")
+    if code:
+        kinds.add("log" if _LOG_LINE.search(code) else "code")
+    body, docs = _remove(_DOC_BLOCK, body) if "<" in body else (body, "")
+    if docs:
+        kinds.add("document")
+    material += len(code) + len(docs)
+    prose, pasted = _split_lines(body, kinds)
+    material += pasted
+    instruction = _instruction(prose, kinds)
+    material += max(len("\n".join(prose)) - len(instruction), 0)
+    if _QUOTE_MARKS.search(instruction) is not None:
+        quoted = len(instruction)
+        instruction = _QUOTED.sub("“…”", instruction)
+        if len(instruction) < quoted:
+            kinds.add("quote")
+            material += quoted - len(instruction)
+    ordered = tuple(k for k in MATERIAL_KINDS if k in kinds)
+    return Ask(_clip(instruction), ordered, material, client, turn, earlier)
+
+
+def _remove(pattern: re.Pattern[str], text: str) -> tuple[str, str]:
+    """`text` without the pattern's matches, and the matches' bodies joined."""
+    bodies: list[str] = []
+
+    def cut(match: re.Match[str]) -> str:
+        bodies.append(match.group(match.lastindex or 0))
+        return "\n"
+
+    return pattern.sub(cut, text), "\n".join(bodies)
+
+
+def _split_lines(body: str, kinds: set[str]) -> tuple[list[str], int]:
+    """The prose lines (blank lines kept as paragraph breaks) and the pasted lines' size. Of a
+    text of many lines only the first and last `_EDGE_LINES` are read line by line (an ask
+    sits before or after what it carries); the lines between are pasted material."""
+    pasted = 0
+    lines = body.split("\n")
+    num_lines = len(lines)
+    if num_lines > 3 * _EDGE_LINES:
+        middle = lines[_EDGE_LINES:-_EDGE_LINES]
+        pasted += sum(map(len, middle)) + len(middle)
+        kinds.add("document")
+        lines = [*lines[:_EDGE_LINES], "", *lines[-_EDGE_LINES:]]
+    prose: list[str] = []
+    for line in lines:
+        kind = _pasted_kind(line, num_lines)
+        if kind is None:
+            prose.append(line)
+        else:
+            kinds.add(kind)
+            pasted += len(line) + 1
+    return prose, pasted
+
+
+def _pasted_kind(line: str, num_lines: int) -> str | None:
+    if not line or line.isspace():
+        return None
+    head = _LINE_HEAD.match(line)  # trace, log, quote and mail lines: one match
+    if head is not None:
+        return head.lastgroup
+    if num_lines <= 2:
+        return None
+    if _CODE_LINE.search(line) and not _PROSE_END.search(line):
+        return "code"
+    if len(line) < 120 and _CONFIG_LINE.match(line) and not _CJK.search(line[:8]):
+        return "config"
+    return None
+
+
+def _instruction(prose: list[str], kinds: set[str]) -> str:
+    """The instruction among the prose lines: all of it when short; in a long text, the first
+    and last paragraphs (what sits between is a pasted document), and before a lead-in ending
+    in a colon, only what leads in (and the last paragraph)."""
+    paragraphs = [p.strip() for p in "\n".join(prose).split("\n\n") if p.strip()]
+    if not paragraphs:
+        return ""
+    first = paragraphs[0]
+    lines = first.split("\n")
+    rest = len(first) - len(lines[0])
+    if len(lines) > 1 and rest > 150 and _ASK_LINE.search(lines[0]):
+        # a one-line ask, then pasted text without a blank line between
+        paragraphs = [lines[0], "\n".join(lines[1:]), *paragraphs[1:]]
+        first = lines[0]
+        kinds.add("document")
+    text = "\n".join(paragraphs)
+    lead = _lead_in_end(first)
+    if lead is not None and len(first) - lead > 80:
+        kinds.add("document")
+        after = [first[lead:].strip(), *paragraphs[1:]]
+        last = after[-1]
+        # the last paragraph is an ask of its own when the pasted text ended before it
+        return first[:lead].strip() + (f"\n{last}" if len(after) > 1 and len(last) <= 300 else "")
+    if len(paragraphs) == 1:
+        return first
+    if len(text) <= 400 and lead is None:
+        return text
+    kinds.add("document")
+    last = paragraphs[-1]
+    if len(last) > 300 and _LEAD_IN.search(first.splitlines()[-1]):
+        return first
+    return f"{first}\n{last}" if len(last) <= 300 else first
+
+
+def _lead_in_end(paragraph: str) -> int | None:
+    """Where a lead-in line ("Here is the log:", "内容如下：") ends within the paragraph, when
+    more text follows it."""
+    offset = 0
+    lines = paragraph.split("\n")
+    for n, line in enumerate(lines[:-1]):
+        if n > 0 and _ATTACHED.match(line):
+            return offset  # "附：..." starts the attached text
+        offset += len(line) + 1
+        if _LEAD_IN.search(line) and len(line) <= 200:
+            return offset
+    return None
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _MAX_INSTRUCTION:
+        return text
+    head = _MAX_INSTRUCTION * 2 // 3
+    return f"{text[:head]}\n{text[head - _MAX_INSTRUCTION :]}"

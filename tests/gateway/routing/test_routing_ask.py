@@ -1,0 +1,166 @@
+"""The ask apart from its material: each client's wrapper, pasted material, and how a turn is
+classified (new, continue, tool)."""
+
+from __future__ import annotations
+
+from gateway.routing.ask import ask_of, turn_of
+from providers.types import ChatRequest, Message, ToolCall
+
+CLINE_SYSTEM = "You are Cline, a highly skilled software engineer.\n\n====\n\nTOOL USE\n..."
+CLAUDE_SYSTEM = "You are Claude Code, Anthropic's official CLI for Claude.\n..."
+CODEX_SYSTEM = "You are Codex, based on GPT-5. You are running as a coding agent in the Codex CLI."
+ENVIRONMENT = (
+    "<environment_details>\n# VSCode Visible Files\nsrc/app.py\n\n# Current Time\n"
+    "11/9/2025, 11:05:40 PM\n\n# Current Working Directory (/srv/x) Files\npyproject.toml\n"
+    "src/app.py\nsrc/scheduler.py\ntests/test_deadlock.py\n\n# Current Mode\nACT MODE\n"
+    "</environment_details>"
+)
+REMINDER = (
+    "<system-reminder>\nAs you answer the user's questions, you can use the following context:\n"
+    "# claudeMd\nContents of CLAUDE.md: debug the race condition tests before finishing; design "
+    "notes in docs/architecture.md.\n</system-reminder>\n"
+)
+AGENTS_MD = (
+    "# AGENTS.md instructions for /home/dev/shop\n\n<INSTRUCTIONS>\n## Build & test\n"
+    "- `make test` runs unit tests; prove every invariant with a test.\n</INSTRUCTIONS>"
+)
+CODEX_ENV = (
+    "<environment_context>\n  <cwd>/home/dev/shop</cwd>\n  <approval_policy>on-request"
+    "</approval_policy>\n  <sandbox_mode>workspace-write</sandbox_mode>\n</environment_context>"
+)
+LOG = "\n".join(
+    f"2025-11-22 03:14:0{i}.221 ERROR [pool-3-thread-{i}] OrderService - possible deadlock, "
+    f"lock wait exceeded 5000ms for key=inventory:SKU-{i}"
+    for i in range(8)
+)
+
+
+def request(*messages: Message) -> ChatRequest:
+    return ChatRequest(model="m", messages=messages)
+
+
+def test_cline_task_is_the_ask_and_environment_details_are_context() -> None:
+    text = f"<task>\nRename `load` to `load_config` in src/app.py.\n</task>\n\n{ENVIRONMENT}"
+    ask = ask_of(request(Message("system", CLINE_SYSTEM), Message("user", text)))
+    assert ask.instruction == "Rename `load` to `load_config` in src/app.py."
+    assert (ask.client, ask.turn, ask.material) == ("cline", "new", ("context",))
+    assert ask.material_chars >= len(ENVIRONMENT)
+
+
+def test_cline_tool_results_continue_and_feedback_is_a_new_ask() -> None:
+    first = Message("user", f"<task>\nfind why the scheduler deadlocks\n</task>\n{ENVIRONMENT}")
+    called = Message("assistant", "<read_file>\n<path>src/scheduler.py</path>\n</read_file>")
+    result = Message(
+        "user", f"[read_file for 'src/scheduler.py'] Result:\nimport threading\n{ENVIRONMENT}"
+    )
+    ask = ask_of(request(Message("system", CLINE_SYSTEM), first, called, result))
+    assert (ask.turn, ask.instruction, ask.material) == ("tool", "", ("tool",))
+    assert ask.anchor is not None and ask.anchor.instruction == "find why the scheduler deadlocks"
+    feedback = Message(
+        "user",
+        "[attempt_completion] Result:\n\nThe user has provided feedback on the results.\n"
+        f"<feedback>\nperfect. what files did you touch?\n</feedback>\n\n{ENVIRONMENT}",
+    )
+    ask = ask_of(request(Message("system", CLINE_SYSTEM), first, called, result, feedback))
+    assert (ask.turn, ask.instruction) == ("new", "perfect. what files did you touch?")
+
+
+def test_claude_code_reminders_are_context_and_tool_results_continue() -> None:
+    opened = "<system-reminder>\nThe user opened src/app.py in the IDE.\n</system-reminder>\n"
+    text = f"{REMINDER}{opened}Add a docstring to parse_args."
+    user = Message("user", text)
+    ask = ask_of(request(Message("system", CLAUDE_SYSTEM), user))
+    assert ask.instruction == "Add a docstring to parse_args."
+    assert (ask.client, ask.material) == ("claude-code", ("context",))
+    call = ToolCall("call_1", "Read", '{"file_path": "src/app.py"}')
+    called = Message("assistant", "", tool_calls=(call,))
+    result = Message("tool", "     1\tdef parse_args():\n     2\t    ...", tool_call_id="call_1")
+    follow = request(Message("system", CLAUDE_SYSTEM), user, called, result)
+    ask = ask_of(follow)
+    assert ask.turn == "tool" and turn_of(follow) == "tool"
+    assert ask.anchor is not None and ask.anchor.instruction == "Add a docstring to parse_args."
+
+
+def test_codex_agents_md_and_environment_context_are_not_the_ask() -> None:
+    messages = (
+        Message("system", CODEX_SYSTEM),
+        Message("user", AGENTS_MD),
+        Message("user", CODEX_ENV),
+        Message("user", "Fix the typo in the README title."),
+    )
+    ask = ask_of(request(*messages))
+    assert (ask.instruction, ask.client, ask.turn) == (
+        "Fix the typo in the README title.",
+        "codex",
+        "new",
+    )
+    # a context-only message after a task continues it
+    ask = ask_of(request(*messages, Message("assistant", "Done."), Message("user", CODEX_ENV)))
+    assert ask.turn == "continue"
+    assert ask.anchor is not None and ask.anchor.instruction == "Fix the typo in the README title."
+
+
+def test_pasted_material_is_not_the_ask() -> None:
+    ask = ask_of(
+        request(Message("user", f"Translate the last log line into plain English.\n\n{LOG}"))
+    )
+    assert ask.instruction == "Translate the last log line into plain English."
+    assert "log" in ask.material and ask.material_chars >= len(LOG)
+    fenced = "What does this print?\n```python\nfor i in range(3):\n    print(i)\n```"
+    ask = ask_of(request(Message("user", fenced)))
+    assert (ask.instruction, ask.material) == ("What does this print?", ("code",))
+    email = (
+        "Summarize this thread in one sentence:\n"
+        "From: Ana <ana@example.com>\nTo: ops@example.com\nSubject: outage\n"
+        "> We saw a deadlock in the scheduler and a race in the cache; design review on Monday.\n"
+        "> Root cause analysis is still open."
+    )
+    ask = ask_of(request(Message("user", email)))
+    assert ask.instruction == "Summarize this thread in one sentence:"
+    assert "quote" in ask.material
+    document = (
+        "Here are the release notes:\n"
+        + "\n\n".join(
+            f"Version 4.{i}: fixed a race condition in the scheduler, redesigned the cache "
+            f"eviction, and proved the lock ordering safe under load."
+            for i in range(6)
+        )
+        + "\n\nWhat is the latest version number?"
+    )
+    ask = ask_of(request(Message("user", document)))
+    assert ask.instruction == "Here are the release notes:\nWhat is the latest version number?"
+    assert "document" in ask.material
+
+
+def test_a_short_ask_is_all_instruction() -> None:
+    text = "How many ways can 5 people sit at a round table if two of them refuse to sit together?"
+    ask = ask_of(request(Message("user", text)))
+    assert (ask.instruction, ask.material, ask.material_chars) == (text, (), 0)
+    chinese = "掷一个骰子直到六个面都出现过，期望要掷多少次？"
+    assert ask_of(request(Message("user", chinese))).instruction == chinese
+
+
+def test_turns_are_classified_new_continue_or_tool() -> None:
+    hard = Message("user", "Expected number of rolls of a die until all six faces appear?")
+    answer = Message("assistant", "14.7")
+    for text in ("continue", "Go on.", "ok, keep going", "继续", "好的，继续"):
+        assert turn_of(request(hard, answer, Message("user", text))) == "continue", text
+    for text in ("Now format it as a table.", "And the variance? Derive it.", "What's TCP?"):
+        assert turn_of(request(hard, answer, Message("user", text))) == "new", text
+    assert turn_of(request(hard)) == "new"
+    assert turn_of(ChatRequest(model="m", messages=(), prompt="continue")) == "new"
+    # an assistant prefill last: the user turn before it is decided
+    assert (
+        turn_of(request(hard, answer, Message("user", "go on"), Message("assistant", "So")))
+        == "continue"
+    )
+
+
+def test_long_quoted_text_inside_the_ask_is_material() -> None:
+    text = "Rewrite this more politely: 'Your invoice is late again and we will stop shipping now.'"
+    ask = ask_of(request(Message("user", text)))
+    assert (ask.instruction, ask.material) == ("Rewrite this more politely: “…”", ("quote",))
+    chinese = "把这句话改写得正式一点：“我们这周肯定搞不完，下周再说吧，别催了，大家都很忙的。”"
+    assert ask_of(request(Message("user", chinese))).instruction == "把这句话改写得正式一点：“…”"
+    short = 'Who said "to be or not to be"?'  # a short quotation is what the ask is about
+    assert ask_of(request(Message("user", short))).instruction == short
