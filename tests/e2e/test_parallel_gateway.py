@@ -77,5 +77,5 @@ async def test_two_ranks_answer_as_one(tiny_checkpoint: Path) -> None:
             session.get(f"{two.root}/readyz") as ready,
         ):
             assert ready.status == 503
-            assert (await ready.json())["checks"]["provider:local"] is False
+            assert (await ready.json())["checks"]["engine:local"] is False
     assert worker_pids() == {}
