@@ -11,8 +11,9 @@ import pytest
 from testkit.mock_upstream import MockUpstream
 
 # Outside the quick loop (`scripts/test.sh --quick`): end-to-end runs of the engine behind the
-# gateway, the engine against its references at length, several processes or ranks, Triton under the interpreter, fuzzers, fault drills with
-# servers of their own, timers that must run out. The whole suite still runs them.
+# gateway, the engine against its references at length, several processes or ranks, Triton under
+# the interpreter, fuzzers, fault drills with servers of their own, timers that must run out.
+# The whole suite still runs them.
 SLOW = (
     "tests/e2e/",
     "tests/backend/kernels/",
