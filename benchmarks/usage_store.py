@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from redis.asyncio import Redis  # noqa: E402
 
+from gateway.config.usage import UsageSettings  # noqa: E402
 from gateway.usage_store.admin import _csv  # noqa: E402
 from gateway.usage_store.consumer import UsageConsumer  # noqa: E402
 from gateway.usage_store.queries import ExportQuery, SummaryQuery  # noqa: E402
-from gateway.usage_store.settings import UsageSettings  # noqa: E402
 from gateway.usage_store.store import UsageStore  # noqa: E402
 
 KEYS, MODELS, DAYS = 1000, 20, 90

@@ -2,4 +2,5 @@
 (`contract`: authenticate, admit, settle) and the open implementation for `auth.enabled = false`
 (`open`). The Redis-backed implementation (keys, budgets, limits, usage) is `gateway.keys`.
 
-May import `gateway.config`, `gateway.errors`, `providers` and `plumbing`."""
+May import `gateway.routing.policy` (a key's policy), `gateway.config`, `gateway.errors`,
+`providers` and `plumbing`."""

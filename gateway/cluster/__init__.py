@@ -3,5 +3,5 @@ followed through Redis (`publisher`, `follower`, `index`, `events`), liveness an
 (`node`, `join`), placement of a turn where its prefix is cached (`scoring`, `placer`), and the
 internal endpoint peers and workers call (`internal`).
 
-May import `gateway.config`, `gateway.observability`, `gateway.errors`, `providers` and
-`plumbing`."""
+May import `gateway.config`, `gateway.server`, `gateway.errors`, `gateway.observability`,
+`providers`, `plumbing` and `backend`'s torch-free engine types."""

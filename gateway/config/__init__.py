@@ -1,4 +1,5 @@
 """The one typed, frozen settings object: `settings` (the root model, TOML + environment),
-with the `[routing]` (`routing`) and `[cluster]` (`cluster`) sections in modules of their own.
+with the `[routing]` (`routing`), `[cluster]` (`cluster`) and `[usage]` (`usage`) sections in
+modules of their own.
 
 May import `providers` value types and `plumbing`; nothing else of `gateway`."""

@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from backend.engine.engine_config import EngineConfig
 from gateway.config.cluster import ClusterSettings
 from gateway.config.routing import RoutingSettings
-from gateway.usage_store.settings import UsageSettings
+from gateway.config.usage import UsageSettings
 from plumbing.busy_wait import Spin
 from providers.transport.http1_proxy import Proxy, proxy_for
 from providers.upstream.openai_wire import FimStyle, ThinkingStyle

@@ -2,4 +2,5 @@
 (`pipeline`), what is kept of the event stream (`event_tally`), how many output tokens a request
 reserves (`output_limits`) and prompt-token estimates for admission (`prompt_estimates`).
 
-May import every `gateway` package but `server` and `admin`, and `providers`, `plumbing`."""
+May import `gateway.access`, `gateway.config`, `gateway.observability`, `gateway.routing`,
+`gateway.server` (the SSE writer), `gateway.wire`, `gateway.errors`, `providers` and `plumbing`."""

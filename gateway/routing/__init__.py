@@ -7,7 +7,9 @@ instruction apart from pasted material and client wrappers), named `rules`, conv
 stickiness for turns that continue the work (`sticky`), and the learned `scorer` over the ask's
 `features` (trained by `train`); then provider health (`breaker`) and load; `explain` writes
 the `x-gateway-route` header.
-"""
+
+May import `gateway.access` (the contract), `gateway.pipeline.prompt_estimates`,
+`gateway.config`, `gateway.errors`, `gateway.observability`, `providers` and `plumbing`."""
 
 from gateway.routing.aliases import Route, Router
 

@@ -1,1 +1,10 @@
-"""The SQL usage store: the Redis usage stream's records, kept in SQLite or PostgreSQL."""
+"""The SQL usage store: the Redis usage stream's records kept in SQLite or PostgreSQL.
+
+`schema` (tables and versioned migrations), `store` (inserts with rollups, retention),
+`consumer` and `service` (the consumer group that moves the stream into the store, opened with
+the app), `rows` and `sketch` (a record's row and the latency histogram), `pricing` (cost at
+settlement), `queries` (summaries, records, CSV export), `admin` and `cli` (the reports over
+HTTP and the command line); its settings are `[usage]` (`gateway.config.usage`).
+
+May import `gateway.config`, `gateway.keys`, `gateway.observability`, `gateway.errors`,
+`providers` and `plumbing`."""

@@ -24,9 +24,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.config.usage import UsageSettings
 from gateway.keys.store import text
 from gateway.usage_store.rows import row_of
-from gateway.usage_store.settings import UsageSettings
 from gateway.usage_store.store import UsageStore
 
 log = structlog.get_logger("gateway.usage_store")

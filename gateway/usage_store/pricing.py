@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.usage_store.settings import Price, UsageSettings
+from gateway.config.usage import Price, UsageSettings
 
 _FREE = Price()
 

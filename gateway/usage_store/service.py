@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import structlog
 from redis.asyncio import Redis
 
+from gateway.config.usage import UsageSettings
 from gateway.usage_store.consumer import UsageConsumer
-from gateway.usage_store.settings import UsageSettings
 from gateway.usage_store.store import UsageStore
 
 log = structlog.get_logger("gateway.usage_store")

@@ -17,11 +17,11 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.config.usage import UsageSettings
 from gateway.keys.store import text
 from gateway.usage_store.consumer import UsageConsumer
 from gateway.usage_store.queries import ExportQuery, SummaryQuery
 from gateway.usage_store.rows import row_of
-from gateway.usage_store.settings import UsageSettings
 from gateway.usage_store.store import UsageStore
 from testkit.gateway_app import REDIS_URL, PrivateRedis
 from testkit.postgres import PrivatePostgres
@@ -126,7 +126,7 @@ import asyncio, sys
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from gateway.usage_store.consumer import UsageConsumer
-from gateway.usage_store.settings import UsageSettings
+from gateway.config.usage import UsageSettings
 from gateway.usage_store.store import UsageStore
 
 async def main():

@@ -11,11 +11,11 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.access.contract import Outcome, Ticket
+from gateway.config.usage import UsageSettings
 from gateway.keys.records import KeyCreate
 from gateway.keys.redis_access import RedisAccessControl
 from gateway.keys.store import text
 from gateway.usage_store.pricing import Pricing
-from gateway.usage_store.settings import UsageSettings
 from providers.types import Usage
 
 PRICES = UsageSettings(
