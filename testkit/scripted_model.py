@@ -65,3 +65,20 @@ def rewire_checkpoint(tiny_dir: Path, out_dir: Path, chains: Sequence[Sequence[i
                         tensor[after, direction[before]] = _CHAIN_LOGIT_SCALE
         save_file(tensors, out_dir / path.name, metadata={"format": "pt"})
     return out_dir
+
+
+def write_hf_checkpoint(like: Path, out_dir: Path, seed: int = 5) -> Path:
+    """A checkpoint written by HF transformers (`save_pretrained`, its own tensor names and
+    file layout) with the architecture of the checkpoint at `like` and random weights of its
+    own, and `like`'s tokenizer and generation config beside it."""
+    from transformers import DeepseekV3Config
+    from transformers import DeepseekV3ForCausalLM as HFDeepseekV3
+
+    raw = json.loads((like / "config.json").read_text())
+    raw["num_nextn_predict_layers"] = 0  # HF's model has no MTP layer
+    torch.manual_seed(seed)
+    HFDeepseekV3(DeepseekV3Config(**raw)).save_pretrained(out_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (like / name).exists():
+            (out_dir / name).write_bytes((like / name).read_bytes())
+    return out_dir

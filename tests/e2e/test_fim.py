@@ -22,6 +22,7 @@ import torch
 from transformers import DeepseekV3ForCausalLM as HFDeepseekV3
 
 from backend.text.tokenizer import Tokenizer
+from testkit.scripted_model import write_hf_checkpoint
 from tests.support.local_gateway import LocalGateway, open_local_gateway
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -50,6 +51,11 @@ def hf(tiny_checkpoint: Path) -> HFDeepseekV3:
 async def gateway(tiny_checkpoint: Path) -> AsyncIterator[LocalGateway]:
     async with open_local_gateway(tiny_checkpoint) as opened:
         yield opened
+
+
+@pytest.fixture(scope="module")
+def hf_written(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_hf_checkpoint(tiny_checkpoint, tmp_path_factory.mktemp("fim-hf-written"))
 
 
 def documented_ids(tokenizer: Tokenizer, prefix: str, suffix: str) -> list[int]:
@@ -216,3 +222,16 @@ async def test_bad_suffix_is_a_400_in_openai_shape(gateway: LocalGateway) -> Non
         assert resp.status == 400
         error = (await resp.json())["error"]
     assert error["param"] == "suffix" and error["type"] == "invalid_request_error"
+
+
+async def test_fim_on_a_checkpoint_written_by_hf_transformers(
+    hf_written: Path, tokenizer: Tokenizer
+) -> None:
+    hf_model = HFDeepseekV3.from_pretrained(hf_written, dtype=torch.float32).eval()
+    ids = documented_ids(tokenizer, PREFIX, SUFFIX)
+    async with open_local_gateway(hf_written) as served:
+        resp = await sdk(served, f"{served.root}/beta").completions.create(
+            model="deepseek-v3.1", prompt=PREFIX, suffix=SUFFIX, max_tokens=12, temperature=0
+        )
+    assert resp.usage is not None and resp.usage.prompt_tokens == len(ids)
+    assert resp.choices[0].text == hf_greedy(hf_model, tokenizer, ids, 12)
