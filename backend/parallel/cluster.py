@@ -69,11 +69,12 @@ class Cluster:
             for rank, process in self.processes.items()
             if process.poll() is not None
         }
-        causes = [f"rank {rank} exited with code {code}" for rank, code in sorted(exited.items())]
-        causes += [f"rank {rank} stopped responding" for rank in silent if rank not in exited]
-        named = "; ".join(causes) or "no rank named (a connection failed)"
+        ranks = {rank: f"exited with code {code}" for rank, code in sorted(exited.items())}
+        ranks.update((rank, "stopped responding") for rank in silent if rank not in exited)
+        named = "; ".join(f"rank {r} {cause}" for r, cause in ranks.items())
+        named = named or "no rank named (a connection failed)"
         logger.error("parallel engine down: %s (%s)", named, failure)
-        return RankFailure(f"parallel engine down: {named}")
+        return RankFailure(f"parallel engine down: {named}", ranks)
 
     def _silent_ranks(self) -> list[int]:
         """Ranks whose heartbeat does not move over three beats."""

@@ -212,6 +212,11 @@ class SharedLocalProvider:
     def engine_stats(self) -> EngineStats | None:
         return self._engine.stats() if self._engine is not None else None
 
+    def engine_failure(self) -> dict[str, Any] | None:
+        """Why the engine stopped, as worker 0 reports it in process (None here: this worker
+        sees it through worker 0's polls)."""
+        return None
+
     async def close(self) -> None:
         """Nothing to release: the poll and the session belong to `connect_worker_engine`."""
 

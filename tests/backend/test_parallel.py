@@ -217,7 +217,7 @@ def test_bytes_sent_per_decode_step_match_the_analytic_count(tp2: ShardedCausalL
     before = tp2.group.bytes_sent
     decode = ForwardBatch.build([[13], [14]], [5, 5], tables, 16)
     hidden = tp2(decode, cache)
-    tp2.compute_logits(hidden.index_select(0, decode.last_token_indices()))  # as the runner does
+    tp2.logits_at(hidden, decode.last_token_indices())  # as the runner does
     sent = tp2.group.bytes_sent - before
     expected = decode_step_bytes(
         config, 2, expert_parallel=False, num_seqs=2, dtype=torch.float32, context_len=6,
