@@ -61,6 +61,8 @@ def test_rank_zero_chooses_for_the_group() -> None:
     assert choose_collectives(on_cpu, num_gpus=0, nccl_available=True) == ("gloo", CPU)
     with pytest.raises(ValueError, match="parallel_backend"):
         parallel_config(2, parallel_backend="mpi")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        RankGroup(dist.HashStore(), 0, 2, 1.0, backend="nccl", device="cpu")
 
 
 def test_tensors_are_staged_where_the_backend_reads_them() -> None:
