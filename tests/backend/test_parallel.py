@@ -147,7 +147,9 @@ def test_four_ranks_expert_parallel_greedy_equals_one_device(
                 model, tiny_dir, parallel_config(4, expert_parallel=True, **overrides)
             )
             assert greedy_tokens(engine, prompts, GREEDY) == single, overrides
-        assert len(model.model.layers[1].mlp.experts) == 2  # 8 routed experts over 4 ranks
+        moe = model.model.layers[1].mlp
+        assert len(moe.experts) == 2  # 8 routed experts over 4 ranks
+        assert moe.stacked is not None and moe.stacked.w13.shape[0] == 2  # the fused path's
         prompt = random_prompts(1, 29, 29, seed=37)["req-0"]
         ours, theirs = _logits_by_step(model, prompt, 9), _logits_by_step(tiny_model, prompt, 9)
         for got, want in zip(ours, theirs, strict=True):
