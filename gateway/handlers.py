@@ -143,10 +143,9 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     m = request.app[METRICS]
-    ready, _ = await _readiness(request)
-    export(m, request.app[BREAKERS], request.app[ROUTER].providers, ready)
-    body = m.render()
-    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+    ready, state = await _readiness(request)
+    export(m, request.app[BREAKERS], request.app[ROUTER].providers, ready, state["engines_down"])
+    return web.Response(body=m.render(), content_type="text/plain", charset="utf-8")
 
 
 async def _readiness(request: web.Request) -> tuple[bool, dict[str, Any]]:

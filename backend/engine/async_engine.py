@@ -108,6 +108,7 @@ class AsyncEngine:
         self._state = _State.NEW
         self._stop_deadline = 0.0
         self._stats = engine.stats()
+        self._failure: Exception | None = None  # why the thread ended, when it failed
         # owned by the engine thread: the stream of each request the LLMEngine holds
         self._routes: dict[str, _Stream] = {}
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
@@ -172,6 +173,13 @@ class AsyncEngine:
         """Started, not stopping, and its thread alive (for health checks)."""
         with self._cond:
             return self._state is _State.RUNNING and self._thread.is_alive()
+
+    @property
+    def failure(self) -> Exception | None:
+        """The error that ended the engine's thread (an ``EngineDown`` naming the parallel
+        engine's ranks at fault, say); None while it runs or after a clean stop."""
+        with self._cond:
+            return self._failure
 
     def start(self) -> None:
         with self._cond:
@@ -275,6 +283,8 @@ class AsyncEngine:
                 pass
         except Exception as exc:
             logger.exception("the engine thread died")
+            with self._cond:
+                self._failure = exc
             self._fail_streams(lambda: EngineError("the engine stopped unexpectedly"), exc)
         finally:
             with self._cond:

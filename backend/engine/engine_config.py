@@ -119,6 +119,11 @@ class EngineConfig:
         "127.0.0.1", "Address of rank 0's rendezvous, as the ranks of other nodes reach it."
     )
     parallel_master_port: int = _knob(0, "Port of rank 0's rendezvous; 0: a free one (one node).")
+    parallel_backend: str = _knob(
+        "auto",
+        "The ranks' collectives: `auto` (NCCL when the ranks run on GPUs, one GPU each, and "
+        "torch has NCCL; gloo otherwise), `nccl` or `gloo` to force one.",
+    )
     parallel_timeout_s: float = _knob(
         30.0,
         "Every collective's timeout: a rank that died or hangs fails the step within this, and "
@@ -179,6 +184,10 @@ class EngineConfig:
             raise ValueError(f"parallel_master_port out of range: {self.parallel_master_port}")
         if local is not None and local < self.tensor_parallel and not self.parallel_master_port:
             raise ValueError("ranks on other nodes need a fixed parallel_master_port")
+        if self.parallel_backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(
+                f"parallel_backend must be auto, nccl or gloo: {self.parallel_backend!r}"
+            )
         if self.parallel_timeout_s <= 0 or self.parallel_join_timeout_s <= 0:
             raise ValueError("parallel_timeout_s and parallel_join_timeout_s must be positive")
 

@@ -7,6 +7,7 @@ The engine modules (`llm_engine`, `sampler`, `async_engine`) use and re-export t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backend.engine.request import FinishReason
@@ -34,7 +35,12 @@ class EngineError(RuntimeError):
 
 class EngineDown(RuntimeError):
     """The engine can run no more steps (a rank of the parallel engine died or hung): the
-    engine stops, its requests fail, and a restart brings it back."""
+    engine stops, its requests fail, and a restart brings it back. ``ranks`` names the ranks
+    at fault and what happened to each ("exited with code -9", "stopped responding")."""
+
+    def __init__(self, message: str, ranks: Mapping[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.ranks: dict[int, str] = dict(ranks or {})
 
 
 @dataclass(frozen=True, slots=True)

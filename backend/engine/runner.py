@@ -203,7 +203,7 @@ class ModelRunner:
             rows.extend(range(first, first + 1 + item.num_lookahead))
             sample_rows.extend(_with_drafts(base, item.draft_token_ids))
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, index))  # [R, vocab] fp32
+        logits = self.model.logits_at(hidden, index)  # [R, vocab] fp32
         plain = [i for i, item in enumerate(items) if not item.num_lookahead]
         starts = [0]
         for item in items:

@@ -124,6 +124,11 @@ class DeepseekV3ForCausalLM(nn.Module):
         """[N, D] -> [N, vocab] fp32."""
         return self.lm_head(hidden).float()
 
+    def logits_at(self, hidden: Tensor, rows: Tensor) -> Tensor:
+        """The logits [R, vocab] fp32 of rows ``rows`` [R] (long) of a forward's output
+        ``hidden`` [T, D] (the parallel model sends the workers the row numbers only)."""
+        return self.compute_logits(hidden.index_select(0, rows))
+
     @torch.inference_mode()
     def mtp_forward(
         self, batch: ForwardBatch, cache: PagedLatentCache, previous_hidden: Tensor, depth: int = 0

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import backend
 from backend.engine.engine_config import EngineConfig, num_cache_blocks
 from backend.model.config import ModelConfig
-from backend.parallel.group import RankFailure, RankGroup
+from backend.parallel.group import Backend, RankFailure, RankGroup, choose_backend, rank_device
 from backend.parallel.layout import Layout
 from backend.parallel.loader import LoadReport, load_shard
 from backend.parallel.model import ShardedCausalLM
@@ -69,11 +69,12 @@ class Cluster:
             for rank, process in self.processes.items()
             if process.poll() is not None
         }
-        causes = [f"rank {rank} exited with code {code}" for rank, code in sorted(exited.items())]
-        causes += [f"rank {rank} stopped responding" for rank in silent if rank not in exited]
-        named = "; ".join(causes) or "no rank named (a connection failed)"
+        ranks = {rank: f"exited with code {code}" for rank, code in sorted(exited.items())}
+        ranks.update((rank, "stopped responding") for rank in silent if rank not in exited)
+        named = "; ".join(f"rank {r} {cause}" for r, cause in ranks.items())
+        named = named or "no rank named (a connection failed)"
         logger.error("parallel engine down: %s (%s)", named, failure)
-        return RankFailure(f"parallel engine down: {named}")
+        return RankFailure(f"parallel engine down: {named}", ranks)
 
     def _silent_ranks(self) -> list[int]:
         """Ranks whose heartbeat does not move over three beats."""
@@ -96,6 +97,20 @@ class Cluster:
                 process.wait()
 
 
+def choose_collectives(
+    config: EngineConfig, *, num_gpus: int, nccl_available: bool
+) -> tuple[Backend, torch.device]:
+    """Rank 0's choice for the whole group: the backend every rank uses, and rank 0's device
+    (on CUDA one GPU per local rank, ``rank_device``)."""
+    device = rank_device(config.resolved_device(), 0, num_gpus)
+    local = config.parallel_local_ranks or config.tensor_parallel
+    per_gpu = -(-local // num_gpus) if device.type == "cuda" else 1
+    backend = choose_backend(
+        config.parallel_backend, device, nccl_available=nccl_available, local_ranks_per_gpu=per_gpu
+    )
+    return backend, device
+
+
 def start_parallel_model(
     model_dir: str | Path, config: EngineConfig
 ) -> tuple[ShardedCausalLM, Cluster]:
@@ -107,6 +122,9 @@ def start_parallel_model(
     Layout(0, world, config.expert_parallel).check(model_config)
     mtp = model_config.num_nextn_predict_layers > 0
     num_blocks = num_cache_blocks(config, model_config, mtp=mtp)
+    backend, device = choose_collectives(
+        config, num_gpus=torch.cuda.device_count(), nccl_available=dist.is_nccl_available()
+    )
     port = config.parallel_master_port or _free_port(config.parallel_master_addr)
     store = dist.TCPStore(
         config.parallel_master_addr,
@@ -120,6 +138,7 @@ def start_parallel_model(
         "model_dir": str(Path(model_dir).resolve()),
         "config": dataclasses.asdict(config),
         "num_blocks": num_blocks,
+        "backend": backend,
     }
     store.set(SETUP_KEY, json.dumps(setup))
     local = config.parallel_local_ranks or world
@@ -136,13 +155,15 @@ def start_parallel_model(
             world,
             config.parallel_timeout_s,
             join_timeout_s=config.parallel_join_timeout_s,
+            backend=backend,
+            device=device,
         )
         model, report = load_shard(
             model_dir,
             group,
             Layout(0, world, config.expert_parallel),
             dtype=config.torch_dtype,
-            device=config.resolved_device(),
+            device=device,
             fp8_weights=config.fp8_weights,
         )
         cluster.reports = collect_reports(group, report)
@@ -155,6 +176,7 @@ def start_parallel_model(
         raise
     model.on_failure = cluster.diagnose
     model.on_close = cluster.stop
+    logger.info("parallel engine: %d ranks over %s, rank 0 on %s", world, backend, device)
     for each in cluster.reports:
         logger.info(
             "parallel rank %d: %.1f MiB of weights, load peak %.1f MiB",
@@ -180,7 +202,7 @@ def _spawn_worker(rank: int, world: int, addr: str, port: int) -> subprocess.Pop
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     command = [
         sys.executable, "-m", "backend.parallel.worker",
-        "--rank", str(rank), "--world", str(world),
+        "--rank", str(rank), "--local-rank", str(rank), "--world", str(world),
         "--master-addr", addr, "--master-port", str(port),
     ]  # fmt: skip
     return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)

@@ -17,11 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from backend.kernels import support
+from backend.kernels.fused_moe import fused_moe
 from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.config import ModelConfig
 from backend.model.layers import SwiGLU
 from backend.model.mla import MLA
 from backend.model.moe import MoE
+from backend.native import ops
 from backend.parallel.group import RankGroup
 from backend.parallel.layout import Layout
 
@@ -138,10 +141,23 @@ class ParallelMoE(MoE):
         return torch.zeros_like(x).index_add_(0, tokens, weighted)
 
     def _run_local_experts(self, x: Tensor, local_ids: Tensor) -> Tensor:
-        """x [R, D] rows each for local expert ``local_ids[i]`` -> the experts' outputs [R, D]."""
-        out = torch.empty_like(x)
+        """x [R, D] rows each for local expert ``local_ids[i]`` -> the experts' outputs [R, D].
+
+        With the local experts stacked (``pack_experts``, done at load where a kernel runs)
+        they go through the fused path as one top-1 MoE of weight 1: the Triton kernel on GPU,
+        the C kernel on CPU; otherwise (FP8-resident experts on CPU) one expert at a time."""
         if x.shape[0] == 0:
-            return out
+            return torch.empty_like(x)
+        if self.stacked is not None:
+            ids = local_ids[:, None]  # [R, 1]
+            ones = torch.ones(ids.shape, dtype=torch.float32, device=x.device)
+            if x.shape[0] <= ops.MAX_ROWS:
+                packed = ops.moe(x, self.stacked.w13, self.stacked.w2, ids, ones, None)
+                if packed is not None:
+                    return packed
+            if support.use_kernels(x):
+                return fused_moe(x, self.stacked, ones, ids)
+        out = torch.empty_like(x)
         order = local_ids.argsort(stable=True)
         counts = torch.bincount(local_ids, minlength=len(self.experts)).tolist()
         start = 0

@@ -1,10 +1,12 @@
 """The sharded network and the per-step protocol between rank 0 and the worker ranks.
 
 Rank 0's runner and drafter call the model as on one device. Each entry point (``forward``,
-``compute_logits``, ``mtp_forward``) first sends the worker ranks one command: a 3-value header
-[kind, plan length, hidden rows], the plan (the step's token ids, positions, slots, new tokens
-and context per sequence, block tables: one int64 tensor) and, where the workers cannot know
-them, the hidden rows [N, D] the call reads (the rows that sample; a chained draft's input).
+``logits_at``, ``compute_logits``, ``mtp_forward``) first sends the worker ranks one command: a
+3-value header [kind, plan length, hidden rows], the plan (one int64 tensor: the step's token
+ids, positions, slots, new tokens and context per sequence, block tables; for ``logits_at`` the
+sampling rows' numbers in the last forward's output, which every rank holds) and, only where
+the workers cannot know them, the hidden rows [N, D] the call reads (a chained draft's input,
+or logits of rows that are not the last forward's).
 Then every rank runs the same forward over its shard; the collectives inside the layers keep
 them in step. Workers answer nothing: the logits come back to rank 0 in the output head's
 gather. A collective that fails or times out raises ``RankFailure``; rank 0 names the ranks
@@ -35,7 +37,7 @@ from backend.parallel.layout import Layout
 
 logger = logging.getLogger(__name__)
 
-FORWARD, LOGITS, MTP, SHUTDOWN = 1, 2, 3, 4
+FORWARD, LOGITS, MTP, SHUTDOWN, LOGITS_AT = 1, 2, 3, 4, 5
 _LAST_HIDDEN = -1  # hidden rows header: the MTP input is the last forward's output
 
 
@@ -96,6 +98,15 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
         self._send(LOGITS, None, hidden)
         return self._guard(lambda: self._gather_logits(hidden))
 
+    @torch.inference_mode()
+    def logits_at(self, hidden: Tensor, rows: Tensor) -> Tensor:
+        """Rows ``rows`` of the last forward's output: the workers get the row numbers only
+        (each holds that output); other hidden states go as ``compute_logits`` sends them."""
+        if hidden is not self._last_hidden:
+            return self.compute_logits(hidden.index_select(0, rows))
+        self._send_rows(rows)
+        return self._guard(lambda: self._gather_logits(hidden.index_select(0, rows)))
+
     def _gather_logits(self, hidden: Tensor) -> Tensor:
         local = self.lm_head(hidden).float()  # [N, share]
         parts = self.group.gather_to_root(local)
@@ -134,6 +145,19 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
                 raise self.on_failure(exc) from exc
             raise
 
+    def _send_rows(self, rows: Tensor) -> None:
+        """Rank 0: a LOGITS_AT command, the row numbers as its plan."""
+        if not self.group.is_root or self.layout.world == 1:
+            return
+        plan = rows.to("cpu", torch.long)
+        header = torch.tensor([LOGITS_AT, plan.numel(), 0], dtype=torch.long)
+
+        def send() -> Tensor:
+            self.group.broadcast(header)
+            return self.group.broadcast(plan)
+
+        self._guard(send)
+
     def _send(self, kind: int, batch: ForwardBatch | None, hidden: Tensor | None) -> None:
         """Rank 0: the command header, the plan and the hidden rows the workers need."""
         if not self.group.is_root or self.layout.world == 1:
@@ -161,26 +185,28 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
         """A worker's loop: run each of rank 0's commands until SHUTDOWN. Raises RankFailure
         when the group fails (rank 0 gone, or a collective timed out)."""
         group = self.group
-        dim, dtype = self.config.hidden_size, self.dtype
+        dim, dtype, device = self.config.hidden_size, self.dtype, self.device
         while True:
             header = group.broadcast(torch.zeros(3, dtype=torch.long), idle=True)
             kind, plan_len, rows = header.tolist()
             if kind == SHUTDOWN:
                 return
-            batch = None
+            plan = None
             if plan_len:
-                batch = decode_plan(group.broadcast(torch.empty(plan_len, dtype=torch.long)))
+                plan = group.broadcast(torch.empty(plan_len, dtype=torch.long))
             hidden = None
             if rows > 0:
-                hidden = group.broadcast(torch.empty(rows, dim, dtype=dtype))
+                hidden = group.broadcast(torch.empty(rows, dim, dtype=dtype, device=device))
             elif rows == _LAST_HIDDEN:
                 hidden = self._last_hidden
-            if kind == FORWARD and batch is not None:
-                self.forward(batch, cache)
+            if kind == FORWARD and plan is not None:
+                self.forward(decode_plan(plan, device), cache)
             elif kind == LOGITS and hidden is not None:
                 self.compute_logits(hidden)
-            elif kind == MTP and batch is not None and hidden is not None:
-                self.mtp_forward(batch, cache, hidden)
+            elif kind == LOGITS_AT and plan is not None and self._last_hidden is not None:
+                self.logits_at(self._last_hidden, plan.to(device))
+            elif kind == MTP and plan is not None and hidden is not None:
+                self.mtp_forward(decode_plan(plan, device), cache, hidden)
             else:
                 raise RankFailure(f"rank {group.rank}: malformed command {header.tolist()}")
 

@@ -144,8 +144,10 @@ def decode_step_bytes(
         table = num_seqs * -(-(context_len + drafts) // block_size)
         calls = 3 if drafts else 2  # forward, logits (and the MTP forward)
         plan_entries = 2 + 3 * tokens + 3 * num_seqs + table
-        per_worker = calls * 3 * 8 + (2 if drafts else 1) * plan_entries * 8 + row
-        plan = (world - 1) * per_worker  # the sampling rows are all T rows of a decode step
+        # headers, the forward's (and the MTP's) plan, and the sampling rows' numbers (all T
+        # rows of a decode step; the workers hold their hidden states)
+        per_worker = calls * 3 * 8 + (2 if drafts else 1) * plan_entries * 8 + tokens * 8
+        plan = (world - 1) * per_worker
     else:
         logits = tokens * -(-config.vocab_size // world) * 4
     return StepBytes(all_reduce, all_to_all, plan, logits)

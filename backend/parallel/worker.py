@@ -7,8 +7,10 @@ itself. A rank on another node joins with the same checkpoint path readable ther
         --master-addr RANK0_HOST --master-port PORT
 
 where PORT is ``[engine] parallel_master_port`` and rank 0's node runs
-``parallel_local_ranks`` ranks (0 .. local - 1). ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK`` and
-``WORLD_SIZE`` in the environment stand in for the flags. The engine settings and the pool size
+``parallel_local_ranks`` ranks (0 .. local - 1). ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
+``LOCAL_RANK`` and ``WORLD_SIZE`` in the environment stand in for the flags; ``--local-rank``
+(default: the rank modulo the node's GPUs) picks the rank's GPU, one per rank. The collectives'
+backend (NCCL or gloo) is rank 0's choice. The engine settings and the pool size
 come from rank 0. The process exits 0 when rank 0 stops the engine, 1 when the group fails;
 restart it (a supervisor's job) to rejoin a restarted engine.
 """
@@ -29,7 +31,7 @@ import torch.distributed as dist
 from backend.engine.engine_config import EngineConfig
 from backend.model.cache import PagedLatentCache
 from backend.parallel.cluster import HEARTBEAT_S, SETUP_KEY, collect_reports, heartbeat_key
-from backend.parallel.group import RankFailure, RankGroup
+from backend.parallel.group import RankFailure, RankGroup, rank_device
 from backend.parallel.layout import Layout
 from backend.parallel.loader import load_shard
 
@@ -46,8 +48,9 @@ def _heartbeat(addr: str, port: int, rank: int, stop: threading.Event) -> None:
         logger.debug("rank %d heartbeat ended: %s", rank, exc)
 
 
-def run(rank: int, world: int, addr: str, port: int) -> int:
-    """Join, load, serve; the exit status."""
+def run(rank: int, world: int, addr: str, port: int, local_rank: int | None = None) -> int:
+    """Join, load, serve; the exit status. ``local_rank`` (default: ``rank`` modulo the GPUs
+    visible) picks this rank's GPU on a CUDA node."""
     store = dist.TCPStore(addr, port, world, is_master=False, timeout=timedelta(seconds=600))
     setup = json.loads(store.get(SETUP_KEY))
     config = EngineConfig(**setup["config"])
@@ -55,8 +58,18 @@ def run(rank: int, world: int, addr: str, port: int) -> int:
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(addr, port, rank, stop), daemon=True)
     beat.start()
+    num_gpus = torch.cuda.device_count()
+    device = rank_device(
+        config.resolved_device(), rank if local_rank is None else local_rank, num_gpus
+    )
     group = RankGroup(
-        store, rank, world, config.parallel_timeout_s, join_timeout_s=config.parallel_join_timeout_s
+        store,
+        rank,
+        world,
+        config.parallel_timeout_s,
+        join_timeout_s=config.parallel_join_timeout_s,
+        backend=setup["backend"],
+        device=device,
     )
     try:
         layout = Layout(rank, world, config.expert_parallel)
@@ -65,7 +78,7 @@ def run(rank: int, world: int, addr: str, port: int) -> int:
             group,
             layout,
             dtype=config.torch_dtype,
-            device=config.resolved_device(),
+            device=device,
             fp8_weights=config.fp8_weights,
         )
         collect_reports(group, report)
@@ -91,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     env = os.environ
     parser = argparse.ArgumentParser(description="A worker rank of the parallel engine.")
     parser.add_argument("--rank", type=int, default=env.get("RANK"))
+    parser.add_argument("--local-rank", type=int, default=env.get("LOCAL_RANK"))
     parser.add_argument("--world", type=int, default=env.get("WORLD_SIZE"))
     parser.add_argument("--master-addr", default=env.get("MASTER_ADDR", "127.0.0.1"))
     parser.add_argument("--master-port", type=int, default=env.get("MASTER_PORT"))
@@ -98,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.rank is None or args.world is None or args.master_port is None:
         parser.error("--rank, --world and --master-port (or RANK, WORLD_SIZE, MASTER_PORT)")
     logging.basicConfig(level=logging.INFO, format=f"rank {args.rank} %(levelname)s %(message)s")
-    sys.exit(run(args.rank, args.world, args.master_addr, args.master_port))
+    sys.exit(run(args.rank, args.world, args.master_addr, args.master_port, args.local_rank))
 
 
 if __name__ == "__main__":

@@ -3,5 +3,5 @@
 accounting (`usage`), durable settlement (`keeper`, `spool`) and the AccessControl
 implementation over them (`redis_access`).
 
-May import `gateway.access`, `gateway.routing.policy`, `gateway.usage_store.pricing`,
+May import `gateway.access.contract`, `gateway.routing.policy`, `gateway.usage_store.pricing`,
 `gateway.config`, `gateway.errors`, `gateway.observability`, `providers` and `plumbing`."""

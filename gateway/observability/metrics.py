@@ -107,6 +107,13 @@ class Metrics:
             ["provider"],
             registry=r,
         )
+        self.engine_rank_down = Gauge(
+            "gateway_engine_rank_down",
+            "1 for each rank of a local parallel engine that exited or stopped responding and "
+            "took the engine down (/readyz `engines_down` says which); absent while it runs",
+            ["provider", "rank"],
+            registry=r,
+        )
         self.ready = Gauge(
             "gateway_ready", "1 when /readyz would answer 200, else 0 (at scrape time)", registry=r
         )

@@ -8,7 +8,7 @@ stickiness for turns that continue the work (`sticky`), and the learned `scorer`
 `features` (trained by `train`); then provider health (`breaker`) and load; `explain` writes
 the `x-gateway-route` header.
 
-May import `gateway.access` (the contract), `gateway.pipeline.prompt_estimates`,
+May import `gateway.access.contract` (the contract), `gateway.pipeline.prompt_estimates`,
 `gateway.config`, `gateway.errors`, `gateway.observability`, `providers` and `plumbing`."""
 
 from gateway.routing.aliases import Route, Router

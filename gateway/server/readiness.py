@@ -9,7 +9,9 @@ status code.
 
 Body: `status` ("ready" | "not_ready"), `checks` (`redis`, `engine:<name>` per local engine,
 `models`: all configured models have a route that is not failing), `failing_models` (models
-whose every route is failing), and `providers`: per provider `last_success_age_s`,
+whose every route is failing), `engines_down` (per local engine that stopped on an error: its
+`reason` and, for the parallel engine, `ranks`: rank -> "exited with code -9" or "stopped
+responding"; empty while every engine runs), and `providers`: per provider `last_success_age_s`,
 `last_error` and `last_error_age_s` (null when none seen), `breakers` (per upstream model,
 and account where it has several: `state`, `probe_in_s`, `times_opened`, `consecutive_failures`,
 `last_error`) and `rate_limited` (per upstream model, and account: seconds of back-off left).
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from redis.asyncio import Redis
 
@@ -50,6 +52,24 @@ def failing_models(router: Router, breakers: Breakers, engines: Mapping[str, boo
         ):
             failing.append(card.id)
     return failing
+
+
+@runtime_checkable
+class DiagnosedEngine(Protocol):
+    def engine_failure(self) -> dict[str, Any] | None: ...
+
+
+def engines_down(
+    providers: Mapping[str, Provider], local: Collection[str]
+) -> dict[str, dict[str, Any]]:
+    """Each local engine that stopped on an error: why, and the ranks at fault."""
+    down: dict[str, dict[str, Any]] = {}
+    for name in local:
+        provider = providers.get(name)
+        failure = provider.engine_failure() if isinstance(provider, DiagnosedEngine) else None
+        if failure is not None:
+            down[name] = failure
+    return down
 
 
 async def engines_ok(providers: Mapping[str, Provider], local: Collection[str]) -> dict[str, bool]:
@@ -118,14 +138,30 @@ async def readiness(
         "status": "ready" if ready else "not_ready",
         "checks": checks,
         "failing_models": failing,
+        "engines_down": engines_down(router.providers, local),
         "providers": provider_health(breakers, router.providers),
     }
 
 
-def export(metrics: Metrics, breakers: Breakers, providers: Collection[str], ready: bool) -> None:
-    """Set the breaker and provider-health gauges from `breakers` (at scrape time)."""
-    for gauge in (metrics.breaker_state, metrics.breaker_opened, metrics.provider_last_success_age):
+def export(
+    metrics: Metrics,
+    breakers: Breakers,
+    providers: Collection[str],
+    ready: bool,
+    down: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
+    """Set the breaker and provider-health gauges from `breakers`, and the ranks at fault of
+    the engines that are `down` (`engines_down`), at scrape time."""
+    for gauge in (
+        metrics.breaker_state,
+        metrics.breaker_opened,
+        metrics.provider_last_success_age,
+        metrics.engine_rank_down,
+    ):
         gauge.clear()
+    for name, failure in (down or {}).items():
+        for rank in failure.get("ranks", {}):
+            metrics.engine_rank_down.labels(name, rank).set(1)
     open_count = dict.fromkeys(providers, 0)
     limited = dict.fromkeys(providers, 0)
     for key, breaker in breakers.items():

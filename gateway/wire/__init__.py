@@ -5,5 +5,5 @@ provider's `Event`s as its own frames (`chat_response`, `completion_response`,
 `messages_tokens` the Messages API's error shape and token counting, `thinking_signature` the
 signatures on the thinking blocks it returns.
 
-May import `gateway.access` (the contract), `gateway.pipeline.prompt_estimates`,
+May import `gateway.access.contract` (the contract), `gateway.pipeline.prompt_estimates`,
 `gateway.routing`, `gateway.config`, `gateway.errors`, `providers` and `plumbing`."""

@@ -24,9 +24,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from backend.engine.async_engine import AsyncEngine
 from backend.engine.block_hash import extend_chain, root_hash
 from backend.engine.interface import (
     EngineClosed,
+    EngineDown,
     EngineError,
     EngineOverloaded,
     EngineStats,
@@ -210,6 +212,17 @@ class LocalProvider:
     async def health(self) -> bool:
         """Whether the engine's thread is alive and taking requests."""
         return self._engine.is_running
+
+    def engine_failure(self) -> dict[str, Any] | None:
+        """Why the in-process engine stopped: its error (``reason``) and, for the parallel
+        engine, the ranks at fault (``ranks``: rank -> "exited with code -9" or "stopped
+        responding"); None while it runs, after a clean stop, or when it runs elsewhere."""
+        engine = self._engine
+        failure = engine.failure if isinstance(engine, AsyncEngine) else None
+        if failure is None:
+            return None
+        ranks = failure.ranks if isinstance(failure, EngineDown) else {}
+        return {"reason": str(failure), "ranks": {str(r): cause for r, cause in ranks.items()}}
 
     def engine_stats(self) -> EngineStats:
         """The engine's latest step snapshot (for metrics)."""

@@ -64,6 +64,7 @@ class EngineInfo:
     stats: EngineStats
     block_size: int
     hash_seed: bytes
+    failure: dict[str, Any] | None = None  # why the engine stopped (`engine_failure`)
 
     def to_json(self) -> bytes:
         data = {
@@ -75,6 +76,7 @@ class EngineInfo:
             "stats": asdict(self.stats),
             "block_size": self.block_size,
             "hash_seed": self.hash_seed.hex(),
+            "failure": self.failure,
         }
         return json.dumps(data, separators=(",", ":")).encode()
 
@@ -91,6 +93,7 @@ class EngineInfo:
             stats=EngineStats(**{name: stats[name] for name in _STAT_FIELDS}),
             block_size=int(data["block_size"]),
             hash_seed=bytes.fromhex(data["hash_seed"]),
+            failure=_failure(data.get("failure")),
         )
 
     @classmethod
@@ -108,7 +111,18 @@ class EngineInfo:
             engine.stats(),
             engine.block_size,
             engine.hash_seed,
+            provider.engine_failure(),
         )
+
+
+def _failure(data: Any) -> dict[str, Any] | None:
+    """A polled `failure`: {"reason": str, "ranks": {rank: cause}} or None."""
+    if data is None:
+        return None
+    ranks = data["ranks"]
+    if not isinstance(data["reason"], str) or not isinstance(ranks, dict):
+        raise TypeError("failure needs a reason and ranks")
+    return {"reason": data["reason"], "ranks": {str(r): str(c) for r, c in ranks.items()}}
 
 
 class SharedEngine:
@@ -133,6 +147,11 @@ class SharedEngine:
     @property
     def block_size(self) -> int:
         return self._info.block_size
+
+    @property
+    def failure(self) -> dict[str, Any] | None:
+        """Why worker 0's engine stopped (`LocalProvider.engine_failure`), as last polled."""
+        return self._info.failure
 
     @property
     def hash_seed(self) -> bytes:
@@ -211,6 +230,10 @@ class SharedLocalProvider:
 
     def engine_stats(self) -> EngineStats | None:
         return self._engine.stats() if self._engine is not None else None
+
+    def engine_failure(self) -> dict[str, Any] | None:
+        """Why worker 0's engine stopped, from its latest poll (None while it runs)."""
+        return self._engine.failure if self._engine is not None else None
 
     async def close(self) -> None:
         """Nothing to release: the poll and the session belong to `connect_worker_engine`."""

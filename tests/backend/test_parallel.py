@@ -24,13 +24,14 @@ from backend.parallel.layout import Layout
 from backend.parallel.model import ShardedCausalLM, decode_plan, encode_plan
 from backend.parallel.sizing import decode_step_bytes, rank_weight_bytes
 from tests.support.engine import GREEDY, engine_config, make_engine, random_prompts
-from tests.support.parallel import greedy_tokens, one_by_one, parallel_config
+from tests.support.parallel import greedy_tokens, one_by_one, parallel_config, worker_pids
 from tests.support.statistics import chi2_quantile
 
 pytestmark = pytest.mark.slow
 
 LOGITS_ATOL = 1e-4  # fp32 logits of the tiny models are O(1); reduction order moves them ~1e-6
 
+CPU = torch.device("cpu")
 PLAIN = {"spec_enabled": False}
 CHUNKED = {"spec_enabled": False, "max_batch_tokens": 32}
 SPECULATIVE = {"spec_enabled": True, "spec_num_tokens": 2, "spec_max_batch_size": None}
@@ -72,6 +73,13 @@ def test_two_ranks_greedy_equals_one_device(
         assert greedy_tokens(engine, prompts, params) == single, overrides
         if overrides is SPECULATIVE:
             assert engine.stats().spec_proposed_tokens_total > 0
+
+
+def test_ranks_run_over_gloo_on_cpu_each_told_its_local_rank(tp2: ShardedCausalLM) -> None:
+    assert (tp2.group.backend, tp2.group.device, tp2.device) == ("gloo", CPU, CPU)
+    (pid,) = worker_pids().values()
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    assert argv[argv.index("--local-rank") + 1] == "1"  # its GPU on a CUDA node
 
 
 def test_two_ranks_prefix_cache_hits_give_the_same_tokens(
@@ -139,7 +147,9 @@ def test_four_ranks_expert_parallel_greedy_equals_one_device(
                 model, tiny_dir, parallel_config(4, expert_parallel=True, **overrides)
             )
             assert greedy_tokens(engine, prompts, GREEDY) == single, overrides
-        assert len(model.model.layers[1].mlp.experts) == 2  # 8 routed experts over 4 ranks
+        moe = model.model.layers[1].mlp
+        assert len(moe.experts) == 2  # 8 routed experts over 4 ranks
+        assert moe.stacked is not None and moe.stacked.w13.shape[0] == 2  # the fused path's
         prompt = random_prompts(1, 29, 29, seed=37)["req-0"]
         ours, theirs = _logits_by_step(model, prompt, 9), _logits_by_step(tiny_model, prompt, 9)
         for got, want in zip(ours, theirs, strict=True):
@@ -217,7 +227,7 @@ def test_bytes_sent_per_decode_step_match_the_analytic_count(tp2: ShardedCausalL
     before = tp2.group.bytes_sent
     decode = ForwardBatch.build([[13], [14]], [5, 5], tables, 16)
     hidden = tp2(decode, cache)
-    tp2.compute_logits(hidden.index_select(0, decode.last_token_indices()))  # as the runner does
+    tp2.logits_at(hidden, decode.last_token_indices())  # as the runner does
     sent = tp2.group.bytes_sent - before
     expected = decode_step_bytes(
         config, 2, expert_parallel=False, num_seqs=2, dtype=torch.float32, context_len=6,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -305,3 +306,22 @@ async def test_two_workers_share_one_engine_under_concurrency(pair: WorkerPair) 
     assert all(status == 200 for status, _ in results)
     assert [a["usage"]["completion_tokens"] for _, a in results] == [5 + i % 3 for i in range(16)]
     await until(lambda: engine_idle(pair))
+
+
+async def test_the_engines_failure_reaches_the_other_workers() -> None:
+    """Worker 0's engine down reason (the parallel ranks at fault) travels in its polls, so
+    every worker's /readyz can say it."""
+    stats = EngineStats(0, 0, 10, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+    failure = {
+        "reason": "parallel engine down: rank 1 stopped responding",
+        "ranks": {"1": "stopped responding"},
+    }
+    info = EngineInfo(Path("/ckpt"), "m", 2048, 8, False, stats, 16, b"seed", failure)
+    polled = EngineInfo.from_json(json.loads(info.to_json()))
+    assert polled == info
+    running = EngineInfo.from_json(json.loads(replace(info, running=True, failure=None).to_json()))
+    assert running.failure is None
+    async with aiohttp.ClientSession() as session:
+        assert SharedEngine(session, "secret", polled).failure == failure
+    with pytest.raises(KeyError):
+        EngineInfo.from_json({**json.loads(info.to_json()), "failure": {"reason": "x"}})
