@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.support.fixtures",
     "tests.support.local_gateway",
     "tests.support.messages_gateway",
+    "tests.support.console",
 ]
 
 
