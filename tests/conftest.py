@@ -15,6 +15,7 @@ pytest_plugins = [
     "tests.support.local_gateway",
     "tests.support.messages_gateway",
     "tests.support.console",
+    "tests.support.browser",
 ]
 
 

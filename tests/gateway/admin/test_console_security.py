@@ -16,7 +16,7 @@ PAGES = (
     "/admin/ui/usage.csv",
     "/admin/ui/live",
 )
-CHANGES = (
+CHANGES: tuple[tuple[str, dict[str, str]], ...] = (
     ("/admin/ui/keys", {"name": "x"}),
     ("/admin/ui/keys/key_x/revoke", {}),
     ("/admin/ui/keys/key_x/rotate", {}),
