@@ -76,10 +76,16 @@ async def load(url: str, n: int, real_keys: list[str]) -> None:
         await store.aclose()
 
 
-async def median_ms(session: aiohttp.ClientSession, url: str, runs: int = 7) -> tuple[float, int]:
+async def median_ms(
+    session: aiohttp.ClientSession, url: str, runs: int = 7
+) -> tuple[float, float, int]:
+    """(the first request's ms: its summaries computed; the median of `runs` more: within the
+    console's few seconds of shared summaries; the body's bytes)."""
+    began = time.perf_counter()
     async with session.get(url) as resp:
         assert resp.status == 200, (url, resp.status)
         await resp.read()
+    first = (time.perf_counter() - began) * 1000
     times = []
     size = 0
     for _ in range(runs):
@@ -88,7 +94,7 @@ async def median_ms(session: aiohttp.ClientSession, url: str, runs: int = 7) -> 
             body = await resp.read()
         times.append((time.perf_counter() - began) * 1000)
         size = len(body)
-    return statistics.median(times), size
+    return first, statistics.median(times), size
 
 
 async def main() -> None:
@@ -143,14 +149,16 @@ async def main() -> None:
                 f"{root}/admin/ui/login", data={"admin_key": ADMIN}, allow_redirects=False
             ) as resp:
                 assert resp.status == 303, resp.status
-            print("page server time (median of 7):")
+            print("page server time: first request (computed) and median of 7 more (shared):")
             worst = 0.0
             for path in pages:
-                ms, size = await median_ms(session, f"{root}/admin/ui/{path}")
-                worst = max(worst, ms)
-                verdict = "ok" if ms < 50 else "MISSED"
-                print(f"  {path:<48} {ms:>8.1f} ms  {size / 1024:>7.1f} KB  {verdict}")
-            print(f"  slowest page: {worst:.1f} ms (target < 50 ms)")
+                first, ms, size = await median_ms(session, f"{root}/admin/ui/{path}")
+                worst = max(worst, first)
+                verdict = "ok" if first < 50 else "MISSED"
+                print(
+                    f"  {path:<48} {first:>8.1f} ms {ms:>8.1f} ms {size / 1024:>7.1f} KB  {verdict}"
+                )
+            print(f"  slowest first request: {worst:.1f} ms (target < 50 ms)")
             async with session.get(f"{root}/admin/ui/overview?range=30d") as resp:
                 html = await resp.read()
             total, zipped = len(html), len(gzip.compress(html))

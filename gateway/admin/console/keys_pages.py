@@ -12,8 +12,9 @@ from aiohttp import web
 
 from gateway.admin.console.forms import FormError, key_create, key_update
 from gateway.admin.console.ranges import ViewError, read_view
+from gateway.admin.console.summaries import Summaries
 from gateway.admin.console.usage_pages import period_series
-from gateway.admin.console.web import FORM, KEYS, page
+from gateway.admin.console.web import FORM, KEYS, SUMMARIES, page
 from gateway.errors import GatewayError
 from gateway.keys.records import KeyRecord, KeyUpdate
 from gateway.resources import USAGE_STORE
@@ -57,13 +58,14 @@ def _period_start(period: str | None, now: datetime) -> datetime | None:
 
 
 async def _budget_used(
-    store: UsageStore, records: list[KeyRecord], now: datetime
+    summaries: Summaries, store: UsageStore, records: list[KeyRecord], now: datetime
 ) -> dict[str, int]:
     """Tokens used per key in its budget's current period: one rollup query per period kind."""
     used: dict[str, int] = {}
     for period in {r.budget_period for r in records if r.budget_tokens is not None}:
         start = _period_start(period, now)
-        rows = await store.summary(SummaryQuery(group_by="key", start=start, latency=False))
+        q = SummaryQuery(group_by="key", start=start, latency=False)
+        rows = await summaries.summary(store, q)
         wanted = {
             r.id for r in records if r.budget_tokens is not None and r.budget_period == period
         }
@@ -98,7 +100,7 @@ async def list_keys(
         number = 1
     shown = records[(number - 1) * PAGE_SIZE : number * PAGE_SIZE]
     store: UsageStore | None = request.config_dict.get(USAGE_STORE)
-    used = await _budget_used(store, shown, now) if store else {}
+    used = await _budget_used(request.app[SUMMARIES], store, shown, now) if store else {}
     last = await _last_use(store, shown) if store else {}
     rows = [
         {
@@ -160,10 +162,11 @@ async def key_detail(
             view = read_view(request.query)
         except ViewError as exc:
             return page(request, "error.jinja", status=400, message=str(exc))
-        rows = await store.summary(
+        rows = await request.app[SUMMARIES].summary(
+            store,
             SummaryQuery(
                 key=record.id, start=view.start, end=view.end, interval=view.interval, latency=False
-            )
+            ),
         )
         plot = period_series(
             view,

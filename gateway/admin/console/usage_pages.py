@@ -21,7 +21,7 @@ from gateway.admin.console.ranges import (
     read_view,
     records_query,
 )
-from gateway.admin.console.web import KEYS, page
+from gateway.admin.console.web import KEYS, SUMMARIES, page
 from gateway.resources import SETTINGS, USAGE_STORE
 from gateway.usage_store.store import UsageStore
 
@@ -79,6 +79,21 @@ def period_series(view: View, rows: list[dict[str, Any]], fields: dict[str, Any]
     return {"x": x, "series": [{"label": k, "values": v} for k, v in series.items()]}
 
 
+BREAKDOWN = ("thinking", "route", "key", "model")
+
+
+def _totals(rows: list[dict[str, Any]], dimension: str) -> list[dict[str, Any]]:
+    """Requests and cost per value of `dimension` (new rows: the given ones are shared)."""
+    out: dict[Any, dict[str, Any]] = {}
+    for row in rows:
+        total = out.setdefault(
+            row[dimension], {dimension: row[dimension], "requests": 0, "cost": 0.0}
+        )
+        total["requests"] += row["requests"]
+        total["cost"] += row["cost"]
+    return list(out.values())
+
+
 def _share(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     total = sum(r["requests"] for r in rows) or 1
     return [
@@ -103,11 +118,14 @@ async def overview(request: web.Request) -> web.Response:
         view = read_view(request.query)
     except ViewError as exc:
         return page(request, "error.jinja", status=400, message=str(exc))
-    series_rows = await store.summary(view.summary(interval=True, latency=True))
-    thinking = await store.summary(view.summary(interval=False, group_by="thinking"))
-    route = await store.summary(view.summary(interval=False, group_by="route"))
-    keys = await store.summary(view.summary(interval=False, group_by="key"))
-    models = await store.summary(view.summary(interval=False, group_by="model"))
+    summaries = request.app[SUMMARIES]
+    series_rows = await summaries.summary(store, view.summary(interval=True, latency=True))
+    # One query for the shares and the top lists: the range's totals by key, model, thinking
+    # and route, added up per dimension here.
+    breakdown = await summaries.summary(
+        store, view.summary(interval=False, group_by="key,model,thinking,route")
+    )
+    thinking, route, keys, models = (_totals(breakdown, d) for d in BREAKDOWN)
     totals: dict[str, Any] = defaultdict(int)
     for row in series_rows:
         for name in (
@@ -218,7 +236,8 @@ def _explorer_row(row: dict[str, Any], group: str) -> dict[str, Any]:
 
 async def _explore(request: web.Request, store: UsageStore) -> tuple[View, list[dict[str, Any]]]:
     view = read_view(request.query)
-    rows = await store.summary(view.summary(interval=False, group_by=view.group_by, latency=True))
+    q = view.summary(interval=False, group_by=view.group_by, latency=True)
+    rows = await request.app[SUMMARIES].summary(store, q)
     table = [_explorer_row(r, view.group_by) for r in rows]
     table.sort(key=lambda r: (-r["requests"], r["group"]))
     return view, table
@@ -233,7 +252,8 @@ async def explorer(request: web.Request) -> web.Response:
     except ViewError as exc:
         return page(request, "error.jinja", status=400, message=str(exc))
     shown = [r["group"] for r in table[:STACKED]]
-    by_period = await store.summary(view.summary(interval=True, group_by=view.group_by))
+    q = view.summary(interval=True, group_by=view.group_by)
+    by_period = await request.app[SUMMARIES].summary(store, q)
     fields: dict[str, Any] = {}
     for name in shown:
         fields[name or "(none)"] = lambda r, name=name: (

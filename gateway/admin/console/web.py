@@ -23,6 +23,7 @@ from aiohttp.typedefs import Handler
 
 from gateway.admin.console.render import SECURITY_HEADERS, Static, environment, html
 from gateway.admin.console.sessions import LoginLimiter, Session, SessionStore
+from gateway.admin.console.summaries import Summaries
 from gateway.config.settings import Settings
 from gateway.keys.store import KeyStore
 from gateway.resources import REDIS
@@ -33,6 +34,7 @@ COOKIE = "gw_console"
 SESSIONS = web.AppKey("console_sessions", SessionStore)
 LIMITER = web.AppKey("console_login_limiter", LoginLimiter)
 KEYS = web.AppKey("console_key_store", KeyStore)
+SUMMARIES = web.AppKey("console_summaries", Summaries)
 TEMPLATES = web.AppKey("console_templates", jinja2.Environment)
 STATIC = web.AppKey("console_static", Static)
 ADMIN_KEY = web.AppKey("console_admin_key", bytes)
@@ -211,6 +213,7 @@ def setup_console(app: web.Application, settings: Settings) -> None:
     console[STATIC] = static_files
     console[TEMPLATES] = environment(static_files)
     console[live_page.RATES] = live_page.Rates()
+    console[SUMMARIES] = Summaries()
     prefix = settings.redis.key_prefix
 
     async def open_services(_: web.Application) -> None:
