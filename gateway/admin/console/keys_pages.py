@@ -4,6 +4,7 @@ the admin API's own key store (`KeyStore`) and the usage store's functions."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,12 +77,15 @@ async def _budget_used(
 
 
 async def _last_use(store: UsageStore, records: list[KeyRecord]) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for record in records:
-        rows, _ = await store.records(RecordsQuery(key=record.id, limit=1))
-        if rows:
-            found[record.id] = rows[0]["ts_ms"]
-    return found
+    """Each key's latest record's time (epoch ms): one indexed lookup per key shown, run
+    side by side on the store's reader connections."""
+
+    async def latest(key_id: str) -> int | None:
+        rows, _ = await store.records(RecordsQuery(key=key_id, limit=1))
+        return int(rows[0]["ts_ms"]) if rows else None
+
+    found = await asyncio.gather(*(latest(r.id) for r in records))
+    return {r.id: ts for r, ts in zip(records, found, strict=True) if ts is not None}
 
 
 async def list_keys(
