@@ -5,6 +5,7 @@ rate-limited, sessions revocable, and no secret in any page."""
 from __future__ import annotations
 
 import pytest
+from redis.asyncio import Redis
 
 from tests.support.console import ADMIN_KEY, ConsoleClient, ConsoleGateway
 
@@ -160,5 +161,26 @@ async def test_sign_in_only_returns_to_the_console(
             "POST", "/admin/ui/login", data={"admin_key": ADMIN_KEY, "next": target}
         )
         assert status == 303 and headers["Location"] == "/admin/ui/"
+    finally:
+        await client.close()
+
+
+async def test_redis_holds_no_token_and_the_session_expires(
+    console_gateway: ConsoleGateway, redis: Redis, redis_prefix: str
+) -> None:
+    client = console_gateway.client()
+    try:
+        _, _, _, resp = await client.request(
+            "POST", "/admin/ui/login", data={"admin_key": ADMIN_KEY}
+        )
+        token = resp.cookies["gw_console"].value
+        [name] = [k async for k in redis.scan_iter(match=f"{redis_prefix}console:session:*")]
+        assert token.encode() not in name
+        stored = await redis.hgetall(name)
+        dumped = b" ".join([*stored.keys(), *stored.values()])
+        assert token.encode() not in dumped and ADMIN_KEY.encode() not in dumped
+        assert 0 < await redis.ttl(name) <= 8 * 3600
+        await redis.delete(name)  # the server side ends it: the cookie is worth nothing
+        assert (await client.request("GET", "/admin/ui/keys"))[0] == 303
     finally:
         await client.close()
