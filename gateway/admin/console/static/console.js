@@ -21,6 +21,16 @@
     });
   }
 
+  // Axis labels that stay readable for small values (costs) and large ones (tokens).
+  function ticks(u, values) {
+    return values.map(function (v) {
+      if (v === null || v === undefined) return "";
+      if (v !== 0 && Math.abs(v) < 1) return v.toPrecision(2);
+      if (Math.abs(v) >= 1e6) return (v / 1e6).toLocaleString() + "M";
+      return v.toLocaleString();
+    });
+  }
+
   function draw(el) {
     var source = document.getElementById(el.getAttribute("data-plot"));
     if (!source || typeof uPlot === "undefined") return;
@@ -36,7 +46,7 @@
         if (data.stacked) line.fill = color + "55";
         return line;
       })),
-      axes: [{ stroke: "currentColor" }, { stroke: "currentColor", size: 60 }],
+      axes: [{ stroke: "currentColor" }, { stroke: "currentColor", size: 60, values: ticks }],
       scales: { x: { time: true } }
     };
     var columns = [data.x].concat(series.map(function (s) { return s.values; }));
