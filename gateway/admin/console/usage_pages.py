@@ -4,6 +4,7 @@ answer text). Without `[usage] enabled` they say so."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 from collections import defaultdict
@@ -119,11 +120,12 @@ async def overview(request: web.Request) -> web.Response:
     except ViewError as exc:
         return page(request, "error.jinja", status=400, message=str(exc))
     summaries = request.app[SUMMARIES]
-    series_rows = await summaries.summary(store, view.summary(interval=True, latency=True))
-    # One query for the shares and the top lists: the range's totals by key, model, thinking
-    # and route, added up per dimension here.
-    breakdown = await summaries.summary(
-        store, view.summary(interval=False, group_by="key,model,thinking,route")
+    # The plots' query, and one query for the shares and the top lists (the range's totals by
+    # key, model, thinking and route, added up per dimension here), side by side on the
+    # store's reader connections.
+    series_rows, breakdown = await asyncio.gather(
+        summaries.summary(store, view.summary(interval=True, latency=True)),
+        summaries.summary(store, view.summary(interval=False, group_by="key,model,thinking,route")),
     )
     thinking, route, keys, models = (_totals(breakdown, d) for d in BREAKDOWN)
     totals: dict[str, Any] = defaultdict(int)
