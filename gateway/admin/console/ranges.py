@@ -127,8 +127,10 @@ def read_view(query: MultiMapping[str], now_s: float | None = None) -> View:
 
 
 def records_query(query: MultiMapping[str], limit: int = 50) -> RecordsQuery:
-    """The Requests page's query: the equality filters and a cursor, newest first."""
-    params: dict[str, Any] = {f: v for f in FILTERS if (v := query.get(f, "").strip())}
+    """The Requests page's query: the equality filters, a time range (`start`, `end`; UTC
+    without an offset) and a cursor, newest first."""
+    names = (*FILTERS, "start", "end")
+    params: dict[str, Any] = {f: v for f in names if (v := query.get(f, "").strip())}
     if cursor := query.get("cursor"):
         params["cursor"] = cursor
     params["limit"] = limit

@@ -211,7 +211,8 @@ async def requests_page(request: web.Request) -> web.Response:
     except ViewError as exc:
         return page(request, "error.jinja", status=400, message=str(exc))
     rows, cursor = await store.records(q)
-    filters = {f: request.query.get(f, "") for f in ("key", "model", "provider", "route", "status")}
+    names = ("key", "model", "provider", "route", "status", "start", "end")
+    filters = {f: request.query.get(f, "") for f in names}
     return page(
         request,
         "requests.jinja",

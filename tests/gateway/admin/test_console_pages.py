@@ -76,6 +76,10 @@ async def test_key_lifecycle_and_usage_pages(
         assert answer.choices[0].message.content
         listed = await _until_listed(console, f"/admin/ui/requests?key={key}", "echo-model")
         assert "hello console" not in listed  # metadata only
+        _, _, later, _ = await console.request(
+            "GET", f"/admin/ui/requests?key={key}&start=2999-01-01T00:00"
+        )
+        assert "No requests." in later and 'value="2999-01-01T00:00"' in later
         _, _, overview, _ = await console.request("GET", f"/admin/ui/overview?range=24h&key={key}")
         assert 'data-plot="plot-requests"' in overview and '"requests"' in overview
         _, _, keys_page, _ = await console.request("GET", f"/admin/ui/keys?q={key}")
