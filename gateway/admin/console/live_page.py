@@ -39,7 +39,7 @@ def routes() -> list[web.RouteDef]:
     return [web.get("/live", live), web.get("/live/state", live_state)]
 
 
-def _engine(name: str, stats: Any, rate: float | None) -> dict[str, Any]:
+def engine_row(name: str, stats: Any, rate: float | None) -> dict[str, Any]:
     used = stats.num_total_blocks - stats.num_free_blocks
     queried = stats.prefix_cache_query_tokens_total
     proposed = stats.spec_proposed_tokens_total
@@ -71,7 +71,7 @@ async def _state(request: web.Request) -> dict[str, Any]:
             continue
         stats = stats_of()
         engines.append(
-            _engine(name, stats, rates.tokens_per_s(name, stats.num_generated_tokens_total, now))
+            engine_row(name, stats, rates.tokens_per_s(name, stats.num_generated_tokens_total, now))
         )
     cluster = app.get(CLUSTER)
     return {
