@@ -113,7 +113,9 @@ async def main() -> None:
     real = []
     for i in range(args.keys):
         budget = {"budget_tokens": 10**9, "budget_period": "month"} if i % 2 else {}
-        _, record = await keys.create(KeyCreate(name=f"bench key {i}", **budget))
+        _, record = await keys.create(
+            KeyCreate.model_validate({"name": f"bench key {i}", **budget})
+        )
         real.append(record.id)
     tmp = tempfile.TemporaryDirectory()
     db = args.db or Path(tmp.name) / "usage.db"

@@ -177,7 +177,10 @@ async def test_redis_holds_no_token_and_the_session_expires(
         [name] = [k async for k in redis.scan_iter(match=f"{redis_prefix}console:session:*")]
         assert token.encode() not in name
         stored = await redis.hgetall(name)
-        dumped = b" ".join([*stored.keys(), *stored.values()])
+        dumped = b" ".join(
+            part if isinstance(part, bytes) else part.encode()
+            for part in (*stored.keys(), *stored.values())
+        )
         assert token.encode() not in dumped and ADMIN_KEY.encode() not in dumped
         assert 0 < await redis.ttl(name) <= 8 * 3600
         await redis.delete(name)  # the server side ends it: the cookie is worth nothing
