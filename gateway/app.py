@@ -12,6 +12,7 @@ from gateway import handlers
 from gateway.access.contract import AccessControl
 from gateway.access.open import OpenAccess
 from gateway.admin.api import setup_admin
+from gateway.admin.console.web import setup_console
 from gateway.cluster.membership import register_cluster_metrics
 from gateway.cluster.node import open_cluster
 from gateway.config.settings import Settings
@@ -76,6 +77,7 @@ def create_app(settings: Settings, *, worker: int = 0) -> web.Application:
         from gateway.engine_host import worker_share as engine_share
 
         app.add_routes(engine_share.routes())
+    setup_console(app, settings)
     setup_admin(app, settings)
     setup_openapi(app)
     return app

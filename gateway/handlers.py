@@ -123,7 +123,12 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 async def root(request: web.Request) -> web.Response:
-    """`GET /` and `HEAD /`: Claude Code probes its base URL before the first request."""
+    """`GET /` and `HEAD /`: Claude Code probes its base URL before the first request. A
+    browser (asking for HTML) goes to the admin console when it is served."""
+    admin = request.app[SETTINGS].admin
+    wants_html = "text/html" in request.headers.get("Accept", "")
+    if wants_html and admin.console and admin.api_key is not None:
+        raise web.HTTPFound(location="/admin/ui/")
     return web.json_response({"status": "ok"})
 
 

@@ -25,3 +25,9 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
                --index-url https://download.pytorch.org/whl/cpu
 fi
 .venv/bin/python -m pip install -q -e ".[dev]"
+
+# Chromium: the admin console's end-to-end tests drive it through Playwright (executable_path).
+if ! command -v chromium >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
+fi

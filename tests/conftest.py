@@ -57,6 +57,8 @@ pytest_plugins = [
     "tests.support.fixtures",
     "tests.support.local_gateway",
     "tests.support.messages_gateway",
+    "tests.support.console",
+    "tests.support.browser",
 ]
 
 

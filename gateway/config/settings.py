@@ -188,6 +188,25 @@ class AdminSettings(BaseModel):
         description="Bearer token of the admin API (environment only: "
         "`GATEWAY_ADMIN__API_KEY`). Unset: every /admin request is a 403 `admin_disabled`.",
     )
+    console: bool = Field(
+        default=True,
+        description="Serve the admin console in the browser at /admin/ui (only while an "
+        "admin key is set; it signs in with that key).",
+    )
+    session_ttl_s: int = Field(
+        default=8 * 3600,
+        ge=60,
+        le=30 * 86400,
+        description="How long a console session lasts after sign-in (seconds); sessions live in "
+        "Redis under the key prefix and end at sign-out.",
+    )
+    login_attempts_per_minute: int = Field(
+        default=10,
+        ge=1,
+        le=10000,
+        description="Console sign-in attempts allowed per client address per minute; more are "
+        "refused with 429.",
+    )
 
 
 class AuthSettings(BaseModel):

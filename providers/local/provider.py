@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from backend.engine.async_engine import AsyncEngine
 from backend.engine.block_hash import extend_chain, root_hash
 from backend.engine.interface import (
     EngineClosed,
@@ -217,8 +216,8 @@ class LocalProvider:
         """Why the in-process engine stopped: its error (``reason``) and, for the parallel
         engine, the ranks at fault (``ranks``: rank -> "exited with code -9" or "stopped
         responding"); None while it runs, after a clean stop, or when it runs elsewhere."""
-        engine = self._engine
-        failure = engine.failure if isinstance(engine, AsyncEngine) else None
+        # Only an in-process engine (`AsyncEngine`) has a failure of its own to tell.
+        failure: Exception | None = getattr(self._engine, "failure", None)
         if failure is None:
             return None
         ranks = failure.ranks if isinstance(failure, EngineDown) else {}

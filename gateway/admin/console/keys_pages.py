@@ -1,0 +1,237 @@
+"""The Keys pages: list with search, create (the secret shown once), edit limits, budget and
+policy, disable, rotate and revoke, and a key's own usage plot and recent requests. Through
+the admin API's own key store (`KeyStore`) and the usage store's functions."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from gateway.admin.console.forms import FormError, key_create, key_update
+from gateway.admin.console.ranges import ViewError, read_view
+from gateway.admin.console.summaries import Summaries
+from gateway.admin.console.usage_pages import period_series
+from gateway.admin.console.web import FORM, KEYS, SUMMARIES, page
+from gateway.errors import GatewayError
+from gateway.keys.records import KeyRecord, KeyUpdate
+from gateway.resources import USAGE_STORE
+from gateway.usage_store.queries import RecordsQuery, SummaryQuery
+from gateway.usage_store.store import UsageStore
+
+log = structlog.get_logger("gateway.admin.console")
+
+PAGE_SIZE = 50
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get("/keys", list_keys),
+        web.post("/keys", create_key),
+        web.get("/keys/{id}", key_detail),
+        web.post("/keys/{id}", edit_key),
+        web.post("/keys/{id}/disable", disable_key),
+        web.post("/keys/{id}/rotate", rotate_key),
+        web.post("/keys/{id}/revoke", revoke_key),
+    ]
+
+
+def _state(record: KeyRecord, now: datetime) -> str:
+    if record.disabled:
+        return "disabled"
+    return "expired" if record.is_expired(now) else "active"
+
+
+def _matches(record: KeyRecord, q: str) -> bool:
+    hay = " ".join([record.id, record.name, record.hint, *record.metadata.values()]).lower()
+    return all(word in hay for word in q.lower().split())
+
+
+def _period_start(period: str | None, now: datetime) -> datetime | None:
+    if period == "day":
+        return now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "month":
+        return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return None
+
+
+async def _budget_used(
+    summaries: Summaries, store: UsageStore, records: list[KeyRecord], now: datetime
+) -> dict[str, int]:
+    """Tokens used per key in its budget's current period: one rollup query per period kind."""
+    used: dict[str, int] = {}
+    for period in {r.budget_period for r in records if r.budget_tokens is not None}:
+        start = _period_start(period, now)
+        q = SummaryQuery(group_by="key", start=start, latency=False)
+        rows = await summaries.summary(store, q)
+        wanted = {
+            r.id for r in records if r.budget_tokens is not None and r.budget_period == period
+        }
+        for row in rows:
+            if row["key"] in wanted:
+                used[row["key"]] = row["prompt_tokens"] + row["completion_tokens"]
+    return used
+
+
+async def _last_use(store: UsageStore, records: list[KeyRecord]) -> dict[str, int]:
+    """Each key's latest record's time (epoch ms): one indexed lookup per key shown, run
+    side by side on the store's reader connections."""
+
+    async def latest(key_id: str) -> int | None:
+        rows, _ = await store.records(RecordsQuery(key=key_id, limit=1))
+        return int(rows[0]["ts_ms"]) if rows else None
+
+    found = await asyncio.gather(*(latest(r.id) for r in records))
+    return {r.id: ts for r, ts in zip(records, found, strict=True) if ts is not None}
+
+
+async def list_keys(
+    request: web.Request, *, error: str | None = None, status: int = 200
+) -> web.Response:
+    now = datetime.now(UTC)
+    q = request.query.get("q", "").strip()[:200]
+    state = request.query.get("state", "")
+    records = [r for r in await request.app[KEYS].list() if not q or _matches(r, q)]
+    if state in ("active", "disabled", "expired"):
+        records = [r for r in records if _state(r, now) == state]
+    records.reverse()  # newest first
+    try:
+        number = max(1, int(request.query.get("page", "1")))
+    except ValueError:
+        number = 1
+    shown = records[(number - 1) * PAGE_SIZE : number * PAGE_SIZE]
+    store: UsageStore | None = request.config_dict.get(USAGE_STORE)
+    used = await _budget_used(request.app[SUMMARIES], store, shown, now) if store else {}
+    last = await _last_use(store, shown) if store else {}
+    rows = [
+        {
+            "record": r,
+            "state": _state(r, now),
+            "used": used.get(r.id, 0) if store else None,
+            "last_use": last.get(r.id),
+        }
+        for r in shown
+    ]
+    return page(
+        request,
+        "keys.jinja",
+        status=status,
+        title="Keys",
+        rows=rows,
+        q=q,
+        state=state,
+        page_number=number,
+        more=len(records) > number * PAGE_SIZE,
+        total=len(records),
+        usage_enabled=store is not None,
+        error=error,
+        form=request.get(FORM, {}),
+    )
+
+
+async def create_key(request: web.Request) -> web.Response:
+    form = await request.post()
+    try:
+        body = key_create(form)
+        secret, record = await request.app[KEYS].create(body)
+    except (FormError, GatewayError) as exc:
+        request[FORM] = {k: v for k, v in form.items() if k != "csrf"}
+        return await list_keys(request, error=str(exc), status=400)
+    log.info("api_key_created", key_id=record.id, name=record.name, via="console")
+    return page(
+        request, "secret.jinja", title="Key created", record=record, secret=secret, action="created"
+    )
+
+
+async def _record(request: web.Request) -> KeyRecord:
+    try:
+        return await request.app[KEYS].get(request.match_info["id"])
+    except GatewayError:
+        raise web.HTTPNotFound() from None
+
+
+async def key_detail(
+    request: web.Request, *, error: str | None = None, status: int = 200
+) -> web.Response:
+    record = await _record(request)
+    store: UsageStore | None = request.config_dict.get(USAGE_STORE)
+    plot: dict[str, Any] | None = None
+    recent: list[dict[str, Any]] = []
+    view = None
+    if store is not None:
+        try:
+            view = read_view(request.query)
+        except ViewError as exc:
+            return page(request, "error.jinja", status=400, message=str(exc))
+        rows = await request.app[SUMMARIES].summary(
+            store,
+            SummaryQuery(
+                key=record.id, start=view.start, end=view.end, interval=view.interval, latency=False
+            ),
+        )
+        plot = period_series(
+            view,
+            rows,
+            {
+                "requests": lambda r: r["requests"],
+                "tokens": lambda r: r["prompt_tokens"] + r["completion_tokens"],
+            },
+        )
+        recent, _ = await store.records(RecordsQuery(key=record.id, limit=20))
+    return page(
+        request,
+        "key.jinja",
+        status=status,
+        title=record.name,
+        record=record,
+        state=_state(record, datetime.now(UTC)),
+        policy=record.policy,
+        plot=plot,
+        recent=recent,
+        view=view,
+        usage_enabled=store is not None,
+        saved=request.query.get("saved") == "1",
+        error=error,
+    )
+
+
+async def edit_key(request: web.Request) -> web.StreamResponse:
+    record = await _record(request)
+    form = await request.post()
+    try:
+        patch = key_update(form)
+        await request.app[KEYS].update(record.id, patch)
+    except (FormError, GatewayError, ValueError) as exc:
+        return await key_detail(request, error=str(exc), status=400)
+    log.info(
+        "api_key_updated", key_id=record.id, fields=sorted(patch.model_fields_set), via="console"
+    )
+    raise web.HTTPSeeOther(location=f"/admin/ui/keys/{record.id}?saved=1")
+
+
+async def disable_key(request: web.Request) -> web.StreamResponse:
+    record = await _record(request)
+    form = await request.post()
+    disabled = form.get("disabled") == "1"
+    await request.app[KEYS].update(record.id, KeyUpdate(disabled=disabled))
+    log.info("api_key_updated", key_id=record.id, fields=["disabled"], via="console")
+    raise web.HTTPSeeOther(location=f"/admin/ui/keys/{record.id}?saved=1")
+
+
+async def rotate_key(request: web.Request) -> web.Response:
+    record = await _record(request)
+    secret, record = await request.app[KEYS].rotate(record.id)
+    log.info("api_key_rotated", key_id=record.id, via="console")
+    return page(
+        request, "secret.jinja", title="Key rotated", record=record, secret=secret, action="rotated"
+    )
+
+
+async def revoke_key(request: web.Request) -> web.StreamResponse:
+    record = await _record(request)
+    await request.app[KEYS].revoke(record.id)
+    log.info("api_key_revoked", key_id=record.id, via="console")
+    raise web.HTTPSeeOther(location="/admin/ui/keys?revoked=" + record.id)

@@ -1,0 +1,204 @@
+"""The console's pages through HTTP, as a signed-in browser uses them: create a key and read its
+secret once, use it from the openai SDK, see the request in Requests, Overview, the key's page
+and the Usage explorer (whose CSV matches the admin API's summary), edit a key's limits and
+see their effect, revoke it and see the next request refused; without the usage store the
+usage pages say so."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import re
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from testkit.gateway_app import gateway_settings, start_gateway
+from testkit.mock_upstream import MockUpstream
+from tests.support.console import ADMIN_KEY, ConsoleClient, ConsoleGateway
+
+SECRET = re.compile(r'<code id="secret">([^<]+)</code>')
+KEY_ID = re.compile(r"<code>(key_[0-9a-f]+)</code>")
+
+
+async def _admin_summary(root: str, **params: str) -> dict[str, object]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"{root}/admin/usage/summary",
+            params=params,
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        ) as resp,
+    ):
+        assert resp.status == 200
+        body: dict[str, object] = await resp.json()
+        return body
+
+
+async def _until_listed(console: ConsoleClient, path: str, needle: str) -> str:
+    deadline = time.monotonic() + 20
+    while True:
+        status, _, text, _ = await console.request("GET", path)
+        assert status == 200
+        if needle in text:
+            return text
+        assert time.monotonic() < deadline, f"{needle!r} never showed on {path}"
+        await asyncio.sleep(0.05)
+
+
+async def test_key_lifecycle_and_usage_pages(
+    console: ConsoleClient, console_gateway: ConsoleGateway
+) -> None:
+    status, headers, text = await console.post(
+        "/admin/ui/keys", {"name": "console-made", "rpm": "100", "budget_tokens": "100000"}
+    )
+    assert status == 200 and headers["Cache-Control"] == "no-store"
+    secret = SECRET.search(text)
+    key_id = KEY_ID.search(text)
+    assert secret and key_id
+    secret_text, key = secret.group(1), key_id.group(1)
+    # The secret is shown once: not on the key's page nor in the list.
+    for path in (f"/admin/ui/keys/{key}", "/admin/ui/keys"):
+        _, _, page, _ = await console.request("GET", path)
+        assert secret_text not in page and "console-made" in page
+
+    client = openai.AsyncOpenAI(base_url=f"{console.root}/v1", api_key=secret_text, max_retries=0)
+    try:
+        answer = await client.chat.completions.create(
+            model="echo-model", messages=[{"role": "user", "content": "hello console"}]
+        )
+        assert answer.choices[0].message.content
+        listed = await _until_listed(console, f"/admin/ui/requests?key={key}", "echo-model")
+        assert "hello console" not in listed  # metadata only
+        _, _, later, _ = await console.request(
+            "GET", f"/admin/ui/requests?key={key}&start=2999-01-01T00:00"
+        )
+        assert "No requests." in later and 'value="2999-01-01T00:00"' in later
+        _, _, overview, _ = await console.request("GET", f"/admin/ui/overview?range=24h&key={key}")
+        assert 'data-plot="plot-requests"' in overview and '"requests"' in overview
+        _, _, keys_page, _ = await console.request("GET", f"/admin/ui/keys?q={key}")
+        assert "<meter" in keys_page and "never" not in keys_page
+
+        status, headers, exported, _ = await console.request(
+            "GET", "/admin/ui/usage.csv?range=24h&interval=hour&group_by=key"
+        )
+        assert status == 200 and headers["Content-Type"].startswith("text/csv")
+        rows = list(csv.DictReader(io.StringIO(exported)))
+        _, _, explorer, _ = await console.request(
+            "GET", "/admin/ui/usage?range=24h&interval=hour&group_by=key"
+        )
+        assert "console-made" in explorer
+        end = time.time() // 3600 * 3600 + 3600
+        api = await _admin_summary(
+            console.root,
+            group_by="key",
+            start=datetime.fromtimestamp(end - 86400, UTC).isoformat(),
+            end=datetime.fromtimestamp(end, UTC).isoformat(),
+        )
+        expected = {r["key"]: r for r in api["data"]}  # type: ignore[attr-defined]
+        assert {r["key"] for r in rows} == set(expected)
+        for row in rows:
+            want = expected[row["key"]]
+            assert int(row["requests"]) == want["requests"]
+            assert int(row["completion_tokens"]) == want["completion_tokens"]
+            assert float(row["cost"]) == pytest.approx(want["cost"])
+
+        # Limit the key to another model: the next request for echo-model is refused.
+        status, headers, _ = await console.post(
+            f"/admin/ui/keys/{key}",
+            {"name": "console-made", "models": "fallback-model", "thinking": "off"},
+        )
+        assert status == 303 and headers["Location"].endswith("saved=1")
+        _, _, detail, _ = await console.request("GET", f"/admin/ui/keys/{key}")
+        assert 'value="fallback-model"' in detail and '<option value="off" selected>' in detail
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.chat.completions.create(
+                model="echo-model", messages=[{"role": "user", "content": "again"}]
+            )
+        assert refused.value.status_code in (403, 404)
+
+        status, _, text = await console.post(f"/admin/ui/keys/{key}", {"name": "x", "rpm": "-1"})
+        assert status == 400 and "rpm" in text
+
+        status, headers, _ = await console.post(f"/admin/ui/keys/{key}/revoke", {})
+        assert status == 303
+        with pytest.raises(openai.AuthenticationError):
+            await client.chat.completions.create(
+                model="fallback-model", messages=[{"role": "user", "content": "after revoke"}]
+            )
+        assert (await console.request("GET", f"/admin/ui/keys/{key}"))[0] == 404
+    finally:
+        await client.close()
+
+
+async def test_live_page_and_fragment(console: ConsoleClient) -> None:
+    status, _, page, _ = await console.request("GET", "/admin/ui/live")
+    assert status == 200 and 'data-refresh="/admin/ui/live/state"' in page and "mock" in page
+    status, _, fragment, _ = await console.request(
+        "GET", "/admin/ui/live/state", headers={"X-Console-Fragment": "1"}
+    )
+    assert status == 200 and "<html" not in fragment and "Providers" in fragment
+
+
+async def test_bad_filters_are_a_400_page(console: ConsoleClient) -> None:
+    for path in (
+        "/admin/ui/overview?range=9y",
+        "/admin/ui/usage?group_by=prompt",
+        "/admin/ui/requests?status=abc",
+        "/admin/ui/usage.csv?interval=week",
+    ):
+        status, _, text, _ = await console.request("GET", path)
+        assert status == 400 and ("Invalid" in text or "Unknown" in text), path
+
+
+async def test_root_sends_browsers_to_the_console(console_gateway: ConsoleGateway) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(
+            f"{console_gateway.root}/", headers={"Accept": "text/html"}, allow_redirects=False
+        ) as resp:
+            assert resp.status == 302 and resp.headers["Location"] == "/admin/ui/"
+        async with session.get(f"{console_gateway.root}/") as resp:
+            assert resp.status == 200 and (await resp.json()) == {"status": "ok"}
+
+
+@pytest.fixture
+async def without_usage_store(
+    mock_upstream: MockUpstream, redis_prefix: str
+) -> AsyncIterator[ConsoleClient]:
+    settings = gateway_settings(mock_upstream, redis_prefix, admin={"api_key": ADMIN_KEY})
+    runner, root = await start_gateway(settings)
+    client = ConsoleClient(root)
+    try:
+        assert await client.login() == 303
+        yield client
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def test_usage_pages_say_the_store_is_off(without_usage_store: ConsoleClient) -> None:
+    for path in ("/admin/ui/overview", "/admin/ui/requests", "/admin/ui/usage"):
+        status, _, text, _ = await without_usage_store.request("GET", path)
+        assert status == 200 and "usage store is not enabled" in text, path
+    status, _, text, _ = await without_usage_store.request("GET", "/admin/ui/keys")
+    assert status == 200
+
+
+async def test_no_console_without_an_admin_key(
+    mock_upstream: MockUpstream, redis_prefix: str, tmp_path: Path
+) -> None:
+    runner, root = await start_gateway(gateway_settings(mock_upstream, redis_prefix))
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{root}/admin/ui/login") as resp,
+        ):
+            assert resp.status == 403  # the admin API's own answer: disabled
+    finally:
+        await runner.cleanup()
