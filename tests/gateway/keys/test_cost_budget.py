@@ -153,7 +153,7 @@ async def test_token_and_cost_budgets_both_clip(access: RedisAccessControl) -> N
 USER = [{"role": "user", "content": "alpha beta gamma delta epsilon"}]
 ESTIMATE = 15
 MODELS = {"priced-model": {"routes": [{"provider": "mock", "model": "echo"}]}}
-USAGE = {"prices": {"priced-model": {"input": 1000.0, "output": 2000.0}}}
+USAGE = {"enabled": False, "prices": {"priced-model": {"input": 1000.0, "output": 2000.0}}}
 
 
 async def test_http_max_tokens_is_cut_to_the_cost_left_then_429(
