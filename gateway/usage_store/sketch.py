@@ -42,3 +42,24 @@ def quantile(counts: Sequence[int], q: float) -> float | None:
         if seen >= rank:
             return round(value_of(bucket), 1)
     return round(value_of(len(counts) - 1), 1)
+
+
+def quantiles(counts: Sequence[int | None], low: float, high: float) -> tuple[float | None, ...]:
+    """`quantile(counts, low)` and `quantile(counts, high)` (low <= high) in one pass; counts
+    may be None (a SQL sum over no rows)."""
+    values = [n or 0 for n in counts]
+    total = sum(values)
+    if total <= 0:
+        return None, None
+    ranks = [max(1, math.ceil(q * total)) for q in (low, high)]
+    found: list[float | None] = []
+    seen = 0
+    for bucket, count in enumerate(values):
+        seen += count
+        while len(found) < 2 and seen >= ranks[len(found)]:
+            found.append(round(value_of(bucket), 1))
+        if len(found) == 2:
+            break
+    while len(found) < 2:
+        found.append(round(value_of(len(values) - 1), 1))
+    return tuple(found)

@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from gateway.usage_store.queries import COLUMN, ExportQuery, Filters, RecordsQuery, SummaryQuery
-from gateway.usage_store.rows import DAY_S, HOUR_S, ROLLUP_COLUMNS, rollups
+from gateway.usage_store.rows import DAY_S, HOUR_S, ROLLUP_COLUMNS, coarser, rollups
 from gateway.usage_store.schema import (
     ADDED,
     COUNTERS,
@@ -51,7 +51,7 @@ from gateway.usage_store.schema import (
     migrate,
     records,
 )
-from gateway.usage_store.sketch import quantile
+from gateway.usage_store.sketch import quantiles
 
 # Columns a record listing and the CSV export show (all of a record's metadata).
 RECORD_COLUMNS = tuple(c.name for c in records.columns)
@@ -127,8 +127,9 @@ class UsageStore:
             new = await self._sql.insert_records(conn, unique)
             fresh = [row for row in unique if row["record_id"] in new]
             if fresh:
-                for table, width in ((hourly, HOUR_S), (daily, DAY_S)):
-                    await self._sql.add_rollups(conn, table, rollups(fresh, width))
+                hours = rollups(fresh, HOUR_S)
+                await self._sql.add_rollups(conn, hourly, hours)
+                await self._sql.add_rollups(conn, daily, coarser(hours, DAY_S))
         return len(fresh)
 
     async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
@@ -342,12 +343,8 @@ def _period(value: Any, interval: str | None) -> str | None:
 
 
 def _latency(hist: Sequence[Any], count: int, total: float) -> dict[str, Any]:
-    counts = [int(n or 0) for n in hist]
-    return {
-        "avg": round(total / count, 1) if count else None,
-        "p50": quantile(counts, 0.5),
-        "p95": quantile(counts, 0.95),
-    }
+    p50, p95 = quantiles(hist, 0.5, 0.95)
+    return {"avg": round(total / count, 1) if count else None, "p50": p50, "p95": p95}
 
 
 def _summary_row(
