@@ -220,17 +220,41 @@ class UsageStore:
 
     async def export(self, q: ExportQuery, chunk: int = 5000) -> AsyncIterator[list[Sequence[Any]]]:
         """Every record of the query, oldest first, in chunks of tuples (`RECORD_COLUMNS`),
-        read through a cursor (any size, in bounded memory)."""
-        stmt = (
-            select(records)
-            .where(*self._filtered(records, q, records.c.ts_ms, 1000))
-            .order_by(records.c.ts_ms, records.c.record_id)
-            .execution_options(yield_per=chunk)
-        )
+        read through the driver's own cursor (a server-side one on PostgreSQL): any size, in
+        bounded memory, without SQLAlchemy's work per row."""
+        sql, params = self._export_sql(q)
         async with self._reader.connect() as conn:
-            result = await conn.stream(stmt)
-            async for part in result.partitions(chunk):
-                yield [tuple(row) for row in part]
+            raw = await conn.get_raw_connection()
+            driver: Any = raw.driver_connection
+            if self.dialect == "postgresql":
+                async with driver.transaction(readonly=True):
+                    cursor = await driver.cursor(sql, *params)
+                    while part := await cursor.fetch(chunk):
+                        yield [tuple(row) for row in part]
+            else:
+                async with driver.execute(sql, params) as cursor:
+                    while part := await cursor.fetchmany(chunk):
+                        yield part
+
+    def _export_sql(self, q: ExportQuery) -> tuple[str, list[Any]]:
+        """The export's query in the driver's own parameter style (`?` or `$n`)."""
+        conditions: list[str] = []
+        params: list[Any] = []
+
+        def condition(column: str, op: str, value: Any) -> None:
+            params.append(value)
+            mark = "?" if self.dialect == "sqlite" else f"${len(params)}"
+            conditions.append(f"{column} {op} {mark}")
+
+        for column, value in q.equalities().items():  # column names from queries.COLUMN
+            condition(column, "=", value)
+        if q.start is not None:
+            condition("ts_ms", ">=", int(q.start.timestamp()) * 1000)
+        if q.end is not None:
+            condition("ts_ms", "<", int(q.end.timestamp()) * 1000)
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        columns = ", ".join(RECORD_COLUMNS)
+        return f"SELECT {columns} FROM usage_records{where} ORDER BY ts_ms, record_id", params
 
     async def count(self) -> int:
         async with self._reader.connect() as conn:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
 from gateway.usage_store.rows import row_of
 from gateway.usage_store.sketch import ERROR_BOUND
-from gateway.usage_store.store import UsageStore
+from gateway.usage_store.store import RECORD_COLUMNS, UsageStore
 from tests.support.usage_records import stream_fields
 
 DAY0 = datetime(2026, 3, 30, tzinfo=UTC).timestamp()  # 2026-03-30, two days before April
@@ -97,6 +97,14 @@ async def test_records_page_newest_first_and_export_everything(store_url: str) -
         exported = [row async for chunk in store.export(ExportQuery(), chunk=64) for row in chunk]
         assert len(exported) == 250
         assert len({r[0] for r in exported}) == 250
+        # filtered by key and time, oldest first, every column as the records listing shows it
+        start = datetime.fromtimestamp(DAY0 + 600 * 90, UTC)
+        end = datetime.fromtimestamp(DAY0 + 600 * 180, UTC)
+        q = ExportQuery(key="key0", start=start, end=end)
+        exported = [tuple(row) async for chunk in store.export(q, chunk=7) for row in chunk]
+        page, _ = await store.records(RecordsQuery(key="key0", start=start, end=end, limit=1000))
+        expected = [tuple(r[c] for c in RECORD_COLUMNS) for r in reversed(page)]
+        assert exported == expected and len(expected) == 30
     finally:
         await store.aclose()
 
