@@ -55,6 +55,7 @@ from gateway.usage_store.sketch import quantiles
 
 # Columns a record listing and the CSV export show (all of a record's metadata).
 RECORD_COLUMNS = tuple(c.name for c in records.columns)
+CSV_COLUMNS = ("created_at", *RECORD_COLUMNS)  # the export's: the settlement moment first
 _MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
 
 
@@ -218,11 +219,13 @@ class UsageStore:
         cursor = f"{rows[-1]['ts_ms']}:{rows[-1]['record_id']}" if more else None
         return rows, cursor
 
-    async def export(self, q: ExportQuery, chunk: int = 5000) -> AsyncIterator[list[Sequence[Any]]]:
-        """Every record of the query, oldest first, in chunks of tuples (`RECORD_COLUMNS`),
-        read through the driver's own cursor (a server-side one on PostgreSQL): any size, in
-        bounded memory, without SQLAlchemy's work per row."""
-        sql, params = self._export_sql(q)
+    async def export(
+        self, q: ExportQuery, chunk: int = 5000, *, lines: bool = False
+    ) -> AsyncIterator[list[Sequence[Any]]]:
+        """Every record of the query, oldest first, in chunks of tuples (`RECORD_COLUMNS`; with
+        `lines`, 1-tuples of its CSV line), read through the driver's own cursor (a server-side
+        one on PostgreSQL): any size, in bounded memory, without SQLAlchemy's work per row."""
+        sql, params = self._export_sql(q, lines=lines)
         async with self._reader.connect() as conn:
             raw = await conn.get_raw_connection()
             driver: Any = raw.driver_connection
@@ -236,8 +239,40 @@ class UsageStore:
                     while part := await cursor.fetchmany(chunk):
                         yield part
 
-    def _export_sql(self, q: ExportQuery) -> tuple[str, list[Any]]:
-        """The export's query in the driver's own parameter style (`?` or `$n`)."""
+    async def export_csv(self, q: ExportQuery, chunk: int = 5000) -> AsyncIterator[bytes]:
+        """The export as CSV lines (`CSV_COLUMNS`, no header), in chunks of up to `chunk`
+        lines: the database writes each line (text quoted, NULL empty, `created_at` the ISO
+        moment to the millisecond), so Python only joins them."""
+        async for part in self.export(q, chunk, lines=True):
+            yield ("\n".join([row[0] for row in part]) + "\n").encode()
+
+    def _csv_line(self) -> str:
+        """The SQL expression of one record's CSV line."""
+        sqlite = self.dialect == "sqlite"
+        if sqlite:
+            moment = (
+                "strftime('%Y-%m-%dT%H:%M:%S', ts_ms / 1000, 'unixepoch') || '.' || "
+                "printf('%03d', ts_ms % 1000) || '+00:00'"
+            )
+        else:
+            moment = (
+                "to_char(to_timestamp(ts_ms / 1000) AT TIME ZONE 'UTC', "
+                "'YYYY-MM-DD\"T\"HH24:MI:SS') || '.' || lpad((ts_ms % 1000)::text, 3, '0') || "
+                "'+00:00'"
+            )
+        fields = [moment]
+        for column in records.columns:
+            name = column.name
+            if isinstance(column.type, String):
+                value = f"'\"' || replace({name}, '\"', '\"\"') || '\"'"
+            else:
+                value = name if sqlite else f"{name}::text"
+            fields.append(value if not column.nullable else f"coalesce({value}, '')")
+        return " || ',' || ".join(fields)
+
+    def _export_sql(self, q: ExportQuery, *, lines: bool = False) -> tuple[str, list[Any]]:
+        """The export's query in the driver's own parameter style (`?` or `$n`): the records'
+        columns, or (`lines`) each record's CSV line."""
         conditions: list[str] = []
         params: list[Any] = []
 
@@ -253,7 +288,7 @@ class UsageStore:
         if q.end is not None:
             condition("ts_ms", "<", int(q.end.timestamp()) * 1000)
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        columns = ", ".join(RECORD_COLUMNS)
+        columns = self._csv_line() if lines else ", ".join(RECORD_COLUMNS)
         return f"SELECT {columns} FROM usage_records{where} ORDER BY ts_ms, record_id", params
 
     async def count(self) -> int:
