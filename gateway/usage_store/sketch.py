@@ -10,7 +10,9 @@ reads as its lower bound.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
+from itertools import accumulate
 
 BUCKETS = 40
 ERROR_BOUND = 2**0.25 - 1
@@ -45,21 +47,16 @@ def quantile(counts: Sequence[int], q: float) -> float | None:
 
 
 def quantiles(counts: Sequence[int | None], low: float, high: float) -> tuple[float | None, ...]:
-    """`quantile(counts, low)` and `quantile(counts, high)` (low <= high) in one pass; counts
-    may be None (a SQL sum over no rows)."""
-    values = [n or 0 for n in counts]
-    total = sum(values)
+    """`quantile(counts, low)` and `quantile(counts, high)`, read off one running sum (a
+    summary reads two per row, for many rows); counts may be None (a SQL sum over no rows)."""
+    running = list(accumulate([n or 0 for n in counts]))
+    total = running[-1] if running else 0
     if total <= 0:
         return None, None
-    ranks = [max(1, math.ceil(q * total)) for q in (low, high)]
-    found: list[float | None] = []
-    seen = 0
-    for bucket, count in enumerate(values):
-        seen += count
-        while len(found) < 2 and seen >= ranks[len(found)]:
-            found.append(round(value_of(bucket), 1))
-        if len(found) == 2:
-            break
-    while len(found) < 2:
-        found.append(round(value_of(len(values) - 1), 1))
-    return tuple(found)
+    last = len(running) - 1
+    return tuple(
+        _READ[min(bisect_left(running, max(1, math.ceil(q * total))), last)] for q in (low, high)
+    )
+
+
+_READ = [round(value_of(bucket), 1) for bucket in range(BUCKETS)]  # each bucket as read
