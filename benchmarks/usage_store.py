@@ -36,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from redis.asyncio import Redis  # noqa: E402
 
 from gateway.config.usage import UsageSettings  # noqa: E402
-from gateway.usage_store.admin import _csv  # noqa: E402
 from gateway.usage_store.consumer import UsageConsumer  # noqa: E402
 from gateway.usage_store.queries import ExportQuery, SummaryQuery  # noqa: E402
 from gateway.usage_store.store import UsageStore  # noqa: E402
@@ -153,9 +152,8 @@ async def export_rate(store: UsageStore, key: str | None) -> tuple[float, int]:
     q = ExportQuery(key=key, start=start, end=NOW)
     began = time.perf_counter()
     rows = 0
-    async for chunk in store.export(q):
-        _csv(chunk)
-        rows += len(chunk)
+    async for chunk in store.export_csv(q):
+        rows += chunk.count(b"\n")
     return rows / (time.perf_counter() - began), rows
 
 

@@ -73,6 +73,8 @@ format = "json"
 level = "warning"
 [auth]
 enabled = {"true" if keyed else "false"}
+[usage]
+enabled = false
 [engine]
 model_path = "{tiny_checkpoint()}"
 dtype = "float32"

@@ -65,6 +65,7 @@ def node_sections(
         "redis": {"url": redis_url, "embedded": False, "key_prefix": prefix},
         "logging": {"format": "json", "level": log_level},
         "auth": {"enabled": auth},
+        "usage": {"enabled": False},
         "engine": {
             "model_path": str(model_path),
             "dtype": "float32",

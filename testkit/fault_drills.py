@@ -62,6 +62,8 @@ class GatewayProcess:
     def _config(self) -> Path:
         config = self.workdir / "gateway.toml"
         config.write_text(f"""
+[usage]
+enabled = false
 [server]
 host = "127.0.0.1"
 port = {self.port}

@@ -156,6 +156,7 @@ def gateway_settings(mock: MockUpstream, prefix: str, **overrides: Any) -> Setti
         "redis": {"url": REDIS_URL, "embedded": False, "key_prefix": prefix},
         "limits": {"spool_dir": Path(tempfile.gettempdir()) / f"gw-spool-{prefix.strip(':')}"},
         "logging": {"format": "json", "level": "warning"},
+        "usage": {"enabled": False},  # the usage store's own tests turn it on
         "use_presets": False,
         "providers": {
             "mock": {

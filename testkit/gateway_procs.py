@@ -198,6 +198,8 @@ format = "json"
 level = "warning"
 [auth]
 enabled = {"true" if keyed else "false"}
+[usage]
+enabled = false
 [providers.json]
 kind = "openai"
 base_url = "{json_url}"

@@ -83,6 +83,21 @@ def test_cluster_override_puts_the_nodes_behind_one_port() -> None:
     assert "GATEWAY_CLUSTER__SECRET" in (ROOT / ".env.example").read_text()
 
 
+def test_cluster_override_stores_usage_in_one_postgresql() -> None:
+    compose = yaml.load((ROOT / "docker-compose.cluster.yml").read_text(), Loader=_ComposeLoader)
+    services = compose["services"]
+    gateway, postgres = services["gateway"], services["postgres"]
+    url = gateway["environment"]["GATEWAY_USAGE__URL"]
+    assert url.startswith("postgresql+asyncpg://gateway:") and url.endswith("@postgres:5432/usage")
+    assert gateway["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert postgres["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
+    assert "ports" not in postgres  # reachable on the compose network only
+    assert postgres["environment"]["POSTGRES_DB"] == "usage"
+    assert any(v.startswith("postgres-data:") for v in postgres["volumes"])
+    assert "postgres-data" in compose["volumes"]
+    assert "POSTGRES_PASSWORD" in (ROOT / ".env.example").read_text()
+
+
 def test_cluster_override_is_valid_compose(tmp_path: Path) -> None:
     for name in ("docker-compose.yml", "docker-compose.cluster.yml", "settings.toml"):
         shutil.copy(ROOT / name, tmp_path / name)

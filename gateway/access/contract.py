@@ -54,6 +54,9 @@ class Ticket:
     max_tokens: int  # the client's max_tokens, or the settings default
     # The bounded name metrics and usage counters use for `model` (Router.label); None: `model`.
     label: str | None = None
+    # The routes that may serve it, (provider, provider-side model), in order: what a cost
+    # budget prices the worst case by.
+    routes: tuple[tuple[str, str], ...] = ()
 
     @property
     def counted_model(self) -> str:
@@ -70,6 +73,7 @@ class Grant:
     reserved_tokens: int
     headers: dict[str, str] = field(default_factory=dict)
     token: str = ""  # the implementation's handle for settle (e.g. a concurrency slot id)
+    reserved_cost: int = 0  # held against a cost budget, in millionths of the currency
 
 
 @record

@@ -38,6 +38,8 @@ def register(subparsers: Any) -> None:
     create.add_argument("--models", help="comma-separated models the key may use (default: all)")
     create.add_argument("--budget-tokens", type=int)
     create.add_argument("--budget-period", choices=["day", "month"])
+    create.add_argument("--budget-cost", type=float, help="cost budget, in usage.currency")
+    create.add_argument("--budget-cost-period", choices=["day", "month"])
     create.add_argument("--rpm", type=int, help="requests per minute")
     create.add_argument("--tpm", type=int, help="tokens per minute")
     create.add_argument("--max-concurrency", type=int)
@@ -130,6 +132,8 @@ async def _create(store: KeyStore, _: UsageReader, args: argparse.Namespace) -> 
         "models": None if args.models is None else [m.strip() for m in args.models.split(",")],
         "budget_tokens": args.budget_tokens,
         "budget_period": args.budget_period,
+        "budget_cost": args.budget_cost,
+        "budget_cost_period": args.budget_cost_period,
         "rpm": args.rpm,
         "tpm": args.tpm,
         "max_concurrency": args.max_concurrency,

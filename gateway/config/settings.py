@@ -665,7 +665,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _usage_needs_auth(self) -> Settings:
-        if self.usage.enabled and not self.auth.enabled:
+        # On by default, where there are keys; asked for without them it is a mistake.
+        asked = "enabled" in self.usage.model_fields_set
+        if asked and self.usage.enabled and not self.auth.enabled:
             raise ValueError("usage.enabled needs auth.enabled: without keys nothing is recorded")
         return self
 

@@ -26,9 +26,11 @@ class UsageSettings(BaseModel):
     model_config = _FROZEN
 
     enabled: bool = Field(
-        default=False,
-        description="Store every usage record in SQL (needs `auth.enabled`); every node runs "
-        "a consumer, and the Redis stream is trimmed only after its records are stored.",
+        default=True,
+        description="Store every usage record in SQL (on by default wherever `auth.enabled` "
+        "is: a SQLite file under `.data/`); every node runs a consumer, and the Redis stream "
+        "is trimmed only after its records are stored. false: the stream is capped at "
+        "`limits.usage_stream_maxlen` and only its totals are kept.",
     )
     url: str = Field(
         default="sqlite+aiosqlite:///.data/usage.db",

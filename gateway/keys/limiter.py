@@ -13,6 +13,10 @@ settlements. Rules:
   - settlement charges prompt + completion tokens, capped at the reservation and at the budget
     left: the tokens charged against a budget never exceed it, even when an upstream counts
     more prompt tokens than estimated (the usage record keeps the upstream's true counts).
+  - a cost budget works the same way in millionths of the currency: admission reserves the
+    worst-case cost (prompt tokens at the dearest input price of the request's routes, plus
+    max_tokens at the dearest output price), clipping max_tokens to what the cost left allows;
+    settlement charges the actual cost, capped at that reservation and at the budget left.
   - RPM and TPM use fixed one-minute UTC windows; Retry-After is the time to the next window.
   - every in-flight request holds a slot, a lease of `slot_lease_s` that its process renews
     (`renew`, every live slot of the process in one call); slots (and their reservations) of a
@@ -67,6 +71,7 @@ class _KeyNames:
     held: str
     gone: str
     spent: tuple[str, str, str]  # all time, the day, the month
+    spent_cost: tuple[str, str, str]  # the same, for the cost budget
     rpm: str
     tpm: str
     minute: int = -1  # the minute that `admit_keys` is for
@@ -86,6 +91,7 @@ class Admission:
     reserved_tokens: int
     token: str  # "{slot id}.{minute}": what settlement needs to find the reservation
     headers: dict[str, str]
+    reserved_cost: int = 0  # millionths of the currency, held against a cost budget
 
 
 @record
@@ -97,6 +103,8 @@ class Settlement:
     reserved: int
     used: int
     entry: UsageEntry
+    reserved_cost: int = 0  # millionths of the currency (see Admission)
+    used_cost: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -170,6 +178,11 @@ class Limiter:
                 held=s.held(key_id),
                 gone=s.gone(key_id),
                 spent=(s.spent(key_id, "all"), s.spent(key_id, day), s.spent(key_id, day[:7])),
+                spent_cost=(
+                    s.spent_cost(key_id, "all"),
+                    s.spent_cost(key_id, day),
+                    s.spent_cost(key_id, day[:7]),
+                ),
                 rpm=s.window_prefix("rpm", key_id),
                 tpm=s.window_prefix("tpm", key_id),
             )
@@ -195,11 +208,14 @@ class Limiter:
         then: Callable[[Any], Any] = _result,
         *,
         at_once: bool = False,
+        token_cost: tuple[float, float] = (0.0, 0.0),
     ) -> asyncio.Future[Any]:
         """Check the key as it is in Redis now (revoked, rotated, disabled, expired, model not
         allowed), then reserve under `token` (from `token(now_s)`); one script call (sent as
-        `ScriptBatcher.run` says). The future holds the Admission, or raises the refusal or
-        failure; with `then`, what `then` makes of either (called as the reply is read)."""
+        `ScriptBatcher.run` says). `token_cost`: the worst-case cost of a prompt token and of
+        an output token, in millionths of the currency (a price per million tokens). The future
+        holds the Admission, or raises the refusal or failure; with `then`, what `then` makes of
+        either (called as the reply is read)."""
         now_ms = int(now_s * 1000)
         minute = minute_of(token)
         reset_ms = (minute + 1) * _WINDOW_MS - now_ms
@@ -215,9 +231,10 @@ class Limiter:
                 f"{n.tpm}{minute}",
                 *n.spent,
                 n.gone,
+                *n.spent_cost,
             )
         prompt, wanted = max(prompt_tokens, 0), max(max_tokens, 1)
-        args = (now_ms, token, prompt, wanted, reset_ms, digest, model)
+        args = (now_ms, token, prompt, wanted, reset_ms, digest, model, *token_cost)
 
         def parse(reply: Any) -> Any:
             if not isinstance(reply, BaseException):
@@ -246,10 +263,12 @@ class Limiter:
             s.usage_days(),
             s.usage_log(),
             n.gone,
+            *n.spent_cost,
         )
         record = entry.record
         args = [token, settlement.reserved, max(settlement.used, 0), entry.day, entry.counters]
         args += [record.get(field, "") for field in RECORD_FIELDS]
+        args += [settlement.reserved_cost, max(settlement.used_cost, 0)]
         return self._scripts.run_item(self._settle, keys, args, at_once=at_once)
 
     async def release(self, key_id: str, token: str) -> bool:
@@ -282,13 +301,13 @@ def _admission(
 ) -> Admission:
     """admit.lua's reply as an admission, or the refusal it stands for (raised)."""
     if result[0] == 0:
-        _, grant, reserved, rpm, rpm_left, tpm, tpm_left = result
+        _, grant, reserved, rpm, rpm_left, tpm, tpm_left, reserved_cost = result
         headers: dict[str, str] = {}
         if rpm != -1:
             headers.update(ratelimit_headers("requests", rpm, rpm_left, reset_ms))
         if tpm != -1:
             headers.update(ratelimit_headers("tokens", tpm, tpm_left, reset_ms))
-        return Admission(grant, reserved, token, headers)
+        return Admission(grant, reserved, token, headers, reserved_cost)
     match [text(v) if isinstance(v, bytes) else str(v) for v in result]:
         case ["1", why]:
             raise AuthenticationError(f"This API key has been {why}.")
@@ -299,6 +318,13 @@ def _admission(
             raise QuotaExceeded(
                 f"This API key's token budget is exhausted ({left} tokens left, the prompt "
                 f"alone needs about {prompt_tokens}).",
+            )
+        case ["6", left, prompt_cost]:
+            raise QuotaExceeded(
+                f"This API key's cost budget is exhausted ({int(left) / 1e6:.6f} left, the "
+                f"prompt alone costs about {int(prompt_cost) / 1e6:.6f} and the answer needs "
+                "room for at least one token).",
+                code="cost_budget_exceeded",
             )
         case ["3", retry_ms, limit_name, limit]:
             raise _rate_limited(limit_name, int(limit), int(retry_ms), prompt_tokens)

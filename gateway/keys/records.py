@@ -27,6 +27,8 @@ GroupBy = Literal["day", "model", "key"]
 _Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
 _Model = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 _Limit = Annotated[int, Field(ge=0, le=10**15)]
+# A cost budget in `usage.currency`; Redis counts it in millionths, so at most 10**9.
+_CostLimit = Annotated[float, Field(ge=0, le=10**9, allow_inf_nan=False)]
 _MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 _MetaValue = Annotated[str, StringConstraints(max_length=512)]
 # OpenAI-style metadata: at most 16 string pairs.
@@ -71,6 +73,8 @@ class KeyLimits(BaseModel):
     models: _Models | None = None
     budget_tokens: _Limit | None = None
     budget_period: BudgetPeriod | None = None
+    budget_cost: _CostLimit | None = None
+    budget_cost_period: BudgetPeriod | None = None
     rpm: _Limit | None = None
     tpm: _Limit | None = None
     max_concurrency: _Limit | None = None
@@ -100,6 +104,13 @@ class KeyCreate(KeyLimits):
     def _needs_budget(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None and info.data.get("budget_tokens") is None:
             raise ValueError("budget_period needs budget_tokens")
+        return value
+
+    @field_validator("budget_cost_period")
+    @classmethod
+    def _needs_cost_budget(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("budget_cost") is None:
+            raise ValueError("budget_cost_period needs budget_cost")
         return value
 
 

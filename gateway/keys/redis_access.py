@@ -18,13 +18,14 @@ from gateway.keys.keeper import TRANSIENT, Keeper
 from gateway.keys.limiter import Admission, Limiter, Settlement
 from gateway.keys.script_batch import Unsent
 from gateway.keys.spool import Spool
-from gateway.keys.store import SECRET_PREFIX, KeyStore, digest
+from gateway.keys.store import SECRET_PREFIX, KeyStore, digest, micros
 from gateway.keys.usage import usage_entry
 from gateway.routing.policy import DEFAULT_POLICY
 from gateway.usage_store.pricing import Pricing
 from plumbing.busy_wait import BusyWait
 
 log = structlog.get_logger("gateway.access.contract")
+_FREE = (0.0, 0.0)
 
 
 class RedisAccessControl:
@@ -76,6 +77,7 @@ class RedisAccessControl:
         self._lookups: dict[str, asyncio.Future[Principal]] = {}
         self._cache_s = auth_cache_s
         self._cache_size = auth_cache_size
+        self._token_costs: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, float]] = {}
 
     async def start(self) -> None:
         """Adopt and begin replaying settlements a previous run left in the spool."""
@@ -145,7 +147,21 @@ class RedisAccessControl:
             ticket.max_tokens,
             partial(self._granted, ticket, token),
             at_once=not self.keeper.holding,  # no other request under way: nothing to batch
+            token_cost=self._token_cost(ticket),
         )
+
+    def _token_cost(self, ticket: Ticket) -> tuple[float, float]:
+        """The worst-case cost of a prompt and of an output token, in millionths of the
+        currency (numerically the price per million tokens); cached per model and routes."""
+        if self._pricing is None:
+            return _FREE
+        wanted = (ticket.model, ticket.routes)
+        found = self._token_costs.get(wanted)
+        if found is None:
+            if len(self._token_costs) >= self._cache_size:
+                self._token_costs.clear()
+            found = self._token_costs[wanted] = self._pricing.worst(*wanted)
+        return found
 
     def _granted(self, ticket: Ticket, token: str, admission: Admission | BaseException) -> Grant:
         key_id = ticket.principal.key_id
@@ -160,17 +176,21 @@ class RedisAccessControl:
             reserved_tokens=admission.reserved_tokens,
             headers=admission.headers,
             token=admission.token,
+            reserved_cost=admission.reserved_cost,
         )
 
     def settle(self, grant: Grant, outcome: Outcome) -> asyncio.Future[None]:
         """Settle now (the script is sent at once), or spool and retry until Redis takes it
         (never charged twice); the future is done when Redis or the spool has it."""
+        cost = self._cost(grant, outcome)
         settlement = Settlement(
             key_id=grant.ticket.principal.key_id,
             token=grant.token,
             reserved=grant.reserved_tokens,
             used=outcome.usage.total_tokens,
-            entry=usage_entry(grant, outcome, self._clock(), self._cost(grant, outcome)),
+            entry=usage_entry(grant, outcome, self._clock(), cost),
+            reserved_cost=grant.reserved_cost,
+            used_cost=micros(cost),
         )
         self.keeper.drop(grant.token)
         landing = self._limiter.settle(settlement, at_once=not self.keeper.holding)

@@ -3,7 +3,9 @@
 Layout (all under the configured prefix, see `KeySpace`):
   key:{id}            hash: `record` (the KeyRecord JSON), `digest`, what admission re-checks
                       (`disabled`, `expires_ms`, `models` as "\nm1\nm2\n") and the limits the
-                      Lua scripts read (`rpm`, `tpm`, `conc`, `budget`, `period`; absent = none)
+                      Lua scripts read (`rpm`, `tpm`, `conc`, `budget`, `period`, and the cost
+                      budget in millionths of the currency, `cbudget`, with `cperiod`; absent =
+                      none)
   key-digest:{sha256} string: the key id, so a secret is found by its digest
   keys                set of key ids
 Secrets (`sk-` + 43 url-safe characters) are returned once by `create` and `rotate` and never
@@ -93,6 +95,10 @@ class KeySpace:
         """Tokens charged against the budget in one period (`all`, `2026-11-29`, `2026-11`)."""
         return f"{self.prefix}spent:{key_id}:{stamp}"
 
+    def spent_cost(self, key_id: str, stamp: str) -> str:
+        """Cost charged against the cost budget in one period, in millionths of the currency."""
+        return f"{self.prefix}spent-cost:{key_id}:{stamp}"
+
     def usage_day(self, day: str) -> str:
         """HASH: `{key_id}|{metric}|{model}` -> count, for one UTC day."""
         return f"{self.prefix}usage:{day}"
@@ -123,7 +129,15 @@ def _hash(record: KeyRecord, hexdigest: str) -> dict[str, str]:
     fields.update({name: str(value) for name, value in limits.items() if value is not None})
     if record.budget_tokens is not None:
         fields["period"] = record.budget_period or "all"
+    if record.budget_cost is not None:
+        fields["cbudget"] = str(micros(record.budget_cost))
+        fields["cperiod"] = record.budget_cost_period or "all"
     return fields
+
+
+def micros(cost: float) -> int:
+    """A cost in millionths of the currency, as the Lua scripts count it (to the nearest)."""
+    return round(cost * 1_000_000)
 
 
 class KeyStore:
@@ -215,6 +229,7 @@ class KeyStore:
                     pipe.multi()
                     pipe.delete(self.space.digest(text(hexdigest)), key)
                     pipe.delete(self.space.spent(key_id, "all"))
+                    pipe.delete(self.space.spent_cost(key_id, "all"))
                     pipe.srem(self.space.ids(), key_id)
                     await pipe.execute()
                     return

@@ -103,6 +103,7 @@ class Pipeline:
             prompt_tokens=num_prompt,
             max_tokens=output.reserve,
             label=self.router.label(public_model),
+            routes=tuple((route.provider_name, route.model) for route in decision.routes),
         )
         grant = await self._admit(ticket, wire)
         sampling = chat.sampling

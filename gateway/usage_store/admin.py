@@ -10,9 +10,6 @@ and the summary of one key (`key_summary`, for GET /admin/keys/{id}/usage). With
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -22,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from gateway.errors import InvalidRequest, NotFound
 from gateway.resources import SETTINGS, USAGE_STORE
 from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
-from gateway.usage_store.store import RECORD_COLUMNS, UsageStore
+from gateway.usage_store.store import CSV_COLUMNS, UsageStore
 
 Query = TypeVar("Query", bound=BaseModel)
 
@@ -114,19 +111,6 @@ async def records(request: web.Request) -> web.Response:
     )
 
 
-CSV_COLUMNS = ("created_at", *RECORD_COLUMNS)
-
-
-def _csv(rows: list[Sequence[Any]]) -> bytes:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    ts = RECORD_COLUMNS.index("ts_ms")
-    for row in rows:
-        moment = datetime.fromtimestamp(row[ts] / 1000, UTC).isoformat(timespec="milliseconds")
-        writer.writerow((moment, *("" if v is None else v for v in row)))
-    return out.getvalue().encode()
-
-
 async def export(request: web.Request) -> web.StreamResponse:
     store = _store(request)
     q = _query(request, ExportQuery)
@@ -140,7 +124,7 @@ async def export(request: web.Request) -> web.StreamResponse:
     response.enable_chunked_encoding()
     await response.prepare(request)
     await response.write((",".join(CSV_COLUMNS) + "\n").encode())
-    async for chunk in store.export(q):
-        await response.write(_csv(chunk))
+    async for chunk in store.export_csv(q):
+        await response.write(chunk)
     await response.write_eof()
     return response

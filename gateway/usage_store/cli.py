@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import sys
-from datetime import UTC, datetime
 from typing import IO, Any
 
 from pydantic import ValidationError
@@ -22,7 +20,7 @@ from gateway.config.settings import Settings, load_settings
 from gateway.observability.logging import configure_logging
 from gateway.observability.redact import redact_text
 from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
-from gateway.usage_store.store import RECORD_COLUMNS, UsageStore
+from gateway.usage_store.store import CSV_COLUMNS, UsageStore
 
 _FILTERS = ("key", "model", "provider", "route", "thinking", "status", "error_code", "start", "end")
 
@@ -77,13 +75,9 @@ async def _records(store: UsageStore, _: Settings, args: argparse.Namespace) -> 
 async def _export(store: UsageStore, _: Settings, args: argparse.Namespace) -> None:
     q = ExportQuery.model_validate(_filters(args))
     out: IO[str] = args.out
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(("created_at", *RECORD_COLUMNS))
-    ts = RECORD_COLUMNS.index("ts_ms")
-    async for chunk in store.export(q):
-        writer.writerows(
-            (datetime.fromtimestamp(row[ts] / 1000, UTC).isoformat(), *row) for row in chunk
-        )
+    out.write(",".join(CSV_COLUMNS) + "\n")
+    async for chunk in store.export_csv(q):
+        out.write(chunk.decode())
 
 
 def _runner(action: Any) -> Any:

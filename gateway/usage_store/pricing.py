@@ -26,6 +26,16 @@ class Pricing:
             return self._local
         return self._models.get(model, _FREE)
 
+    def worst(self, model: str, routes: tuple[tuple[str, str], ...]) -> tuple[float, float]:
+        """The dearest (input, output) price per million tokens over the routes that may serve
+        a request for `model` ((provider, route model) pairs; none: the model's own price).
+        Input is the dearer of cached and uncached input, as the cache hit is not known yet."""
+        prices = [self.price(model, provider, route) for provider, route in routes] or [
+            self._models.get(model, _FREE)
+        ]
+        dearest_in = max(max(p.input, p.cached_input or 0.0) for p in prices)
+        return dearest_in, max(p.output for p in prices)
+
     def cost(
         self,
         model: str,

@@ -25,7 +25,10 @@ COLUMN = {
 def _utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    try:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00, say: no such UTC time
+        raise ValueError("the time is out of range in UTC") from None
 
 
 class Filters(BaseModel):

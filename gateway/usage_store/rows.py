@@ -113,3 +113,19 @@ def rollups(rows: Iterable[Mapping[str, Any]], bucket_s: int) -> list[list[Any]]
             group[_TTFT_SUM] += ttft
             group[_TTFT0 + bucket_of(ttft)] += 1
     return [groups[pk] for pk in sorted(groups)]
+
+
+def coarser(increments: Iterable[list[Any]], bucket_s: int) -> list[list[Any]]:
+    """`rollups` increments (of buckets that divide `bucket_s`) folded into buckets of
+    `bucket_s` seconds: what `rollups(rows, bucket_s)` makes of the same rows, without reading
+    them again (the daily rollup from the hourly one)."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    head = 1 + len(DIMENSIONS)
+    for increment in increments:
+        pk = (increment[0] // bucket_s * bucket_s, *increment[1:head])
+        group = groups.get(pk)
+        if group is None:
+            groups[pk] = [*pk, *increment[head:]]
+        else:
+            group[head:] = [a + b for a, b in zip(group[head:], increment[head:], strict=True)]
+    return [groups[pk] for pk in sorted(groups)]

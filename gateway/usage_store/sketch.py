@@ -10,7 +10,9 @@ reads as its lower bound.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
+from itertools import accumulate
 
 BUCKETS = 40
 ERROR_BOUND = 2**0.25 - 1
@@ -42,3 +44,19 @@ def quantile(counts: Sequence[int], q: float) -> float | None:
         if seen >= rank:
             return round(value_of(bucket), 1)
     return round(value_of(len(counts) - 1), 1)
+
+
+def quantiles(counts: Sequence[int | None], low: float, high: float) -> tuple[float | None, ...]:
+    """`quantile(counts, low)` and `quantile(counts, high)`, read off one running sum (a
+    summary reads two per row, for many rows); counts may be None (a SQL sum over no rows)."""
+    running = list(accumulate([n or 0 for n in counts]))
+    total = running[-1] if running else 0
+    if total <= 0:
+        return None, None
+    last = len(running) - 1
+    return tuple(
+        _READ[min(bisect_left(running, max(1, math.ceil(q * total))), last)] for q in (low, high)
+    )
+
+
+_READ = [round(value_of(bucket), 1) for bucket in range(BUCKETS)]  # each bucket as read

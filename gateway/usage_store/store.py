@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from gateway.usage_store.queries import COLUMN, ExportQuery, Filters, RecordsQuery, SummaryQuery
-from gateway.usage_store.rows import DAY_S, HOUR_S, ROLLUP_COLUMNS, rollups
+from gateway.usage_store.rows import DAY_S, HOUR_S, ROLLUP_COLUMNS, coarser, rollups
 from gateway.usage_store.schema import (
     ADDED,
     COUNTERS,
@@ -51,10 +51,11 @@ from gateway.usage_store.schema import (
     migrate,
     records,
 )
-from gateway.usage_store.sketch import quantile
+from gateway.usage_store.sketch import quantiles
 
 # Columns a record listing and the CSV export show (all of a record's metadata).
 RECORD_COLUMNS = tuple(c.name for c in records.columns)
+CSV_COLUMNS = ("created_at", *RECORD_COLUMNS)  # the export's: the settlement moment first
 _MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
 
 
@@ -127,8 +128,9 @@ class UsageStore:
             new = await self._sql.insert_records(conn, unique)
             fresh = [row for row in unique if row["record_id"] in new]
             if fresh:
-                for table, width in ((hourly, HOUR_S), (daily, DAY_S)):
-                    await self._sql.add_rollups(conn, table, rollups(fresh, width))
+                hours = rollups(fresh, HOUR_S)
+                await self._sql.add_rollups(conn, hourly, hours)
+                await self._sql.add_rollups(conn, daily, coarser(hours, DAY_S))
         return len(fresh)
 
     async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
@@ -217,19 +219,77 @@ class UsageStore:
         cursor = f"{rows[-1]['ts_ms']}:{rows[-1]['record_id']}" if more else None
         return rows, cursor
 
-    async def export(self, q: ExportQuery, chunk: int = 5000) -> AsyncIterator[list[Sequence[Any]]]:
-        """Every record of the query, oldest first, in chunks of tuples (`RECORD_COLUMNS`),
-        read through a cursor (any size, in bounded memory)."""
-        stmt = (
-            select(records)
-            .where(*self._filtered(records, q, records.c.ts_ms, 1000))
-            .order_by(records.c.ts_ms, records.c.record_id)
-            .execution_options(yield_per=chunk)
-        )
+    async def export(
+        self, q: ExportQuery, chunk: int = 5000, *, lines: bool = False
+    ) -> AsyncIterator[list[Sequence[Any]]]:
+        """Every record of the query, oldest first, in chunks of tuples (`RECORD_COLUMNS`; with
+        `lines`, 1-tuples of its CSV line), read through the driver's own cursor (a server-side
+        one on PostgreSQL): any size, in bounded memory, without SQLAlchemy's work per row."""
+        sql, params = self._export_sql(q, lines=lines)
         async with self._reader.connect() as conn:
-            result = await conn.stream(stmt)
-            async for part in result.partitions(chunk):
-                yield [tuple(row) for row in part]
+            raw = await conn.get_raw_connection()
+            driver: Any = raw.driver_connection
+            if self.dialect == "postgresql":
+                async with driver.transaction(readonly=True):
+                    cursor = await driver.cursor(sql, *params)
+                    while part := await cursor.fetch(chunk):
+                        yield [tuple(row) for row in part]
+            else:
+                async with driver.execute(sql, params) as cursor:
+                    while part := await cursor.fetchmany(chunk):
+                        yield part
+
+    async def export_csv(self, q: ExportQuery, chunk: int = 5000) -> AsyncIterator[bytes]:
+        """The export as CSV lines (`CSV_COLUMNS`, no header), in chunks of up to `chunk`
+        lines: the database writes each line (text quoted, NULL empty, `created_at` the ISO
+        moment to the millisecond), so Python only joins them."""
+        async for part in self.export(q, chunk, lines=True):
+            yield ("\n".join([row[0] for row in part]) + "\n").encode()
+
+    def _csv_line(self) -> str:
+        """The SQL expression of one record's CSV line."""
+        sqlite = self.dialect == "sqlite"
+        if sqlite:
+            moment = (
+                "strftime('%Y-%m-%dT%H:%M:%S', ts_ms / 1000, 'unixepoch') || '.' || "
+                "printf('%03d', ts_ms % 1000) || '+00:00'"
+            )
+        else:
+            moment = (
+                "to_char(to_timestamp(ts_ms / 1000) AT TIME ZONE 'UTC', "
+                "'YYYY-MM-DD\"T\"HH24:MI:SS') || '.' || lpad((ts_ms % 1000)::text, 3, '0') || "
+                "'+00:00'"
+            )
+        fields = [moment]
+        for column in records.columns:
+            name = column.name
+            if isinstance(column.type, String):
+                value = f"'\"' || replace({name}, '\"', '\"\"') || '\"'"
+            else:
+                value = name if sqlite else f"{name}::text"
+            fields.append(value if not column.nullable else f"coalesce({value}, '')")
+        return " || ',' || ".join(fields)
+
+    def _export_sql(self, q: ExportQuery, *, lines: bool = False) -> tuple[str, list[Any]]:
+        """The export's query in the driver's own parameter style (`?` or `$n`): the records'
+        columns, or (`lines`) each record's CSV line."""
+        conditions: list[str] = []
+        params: list[Any] = []
+
+        def condition(column: str, op: str, value: Any) -> None:
+            params.append(value)
+            mark = "?" if self.dialect == "sqlite" else f"${len(params)}"
+            conditions.append(f"{column} {op} {mark}")
+
+        for column, value in q.equalities().items():  # column names from queries.COLUMN
+            condition(column, "=", value)
+        if q.start is not None:
+            condition("ts_ms", ">=", int(q.start.timestamp()) * 1000)
+        if q.end is not None:
+            condition("ts_ms", "<", int(q.end.timestamp()) * 1000)
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        columns = self._csv_line() if lines else ", ".join(RECORD_COLUMNS)
+        return f"SELECT {columns} FROM usage_records{where} ORDER BY ts_ms, record_id", params
 
     async def count(self) -> int:
         async with self._reader.connect() as conn:
@@ -342,12 +402,8 @@ def _period(value: Any, interval: str | None) -> str | None:
 
 
 def _latency(hist: Sequence[Any], count: int, total: float) -> dict[str, Any]:
-    counts = [int(n or 0) for n in hist]
-    return {
-        "avg": round(total / count, 1) if count else None,
-        "p50": quantile(counts, 0.5),
-        "p95": quantile(counts, 0.95),
-    }
+    p50, p95 = quantiles(hist, 0.5, 0.95)
+    return {"avg": round(total / count, 1) if count else None, "p50": p50, "p95": p95}
 
 
 def _summary_row(

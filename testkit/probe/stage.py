@@ -63,6 +63,8 @@ class Stage:
 def _config(work: Path, port: int, redis_url: str, mock: str, broken: str, model: Path) -> Path:
     config = work / "probe.toml"
     config.write_text(f"""
+[usage]
+enabled = false
 [server]
 host = "127.0.0.1"
 port = {port}

@@ -101,6 +101,7 @@ ADMIN_BODIES = {
     "unknown field": {"name": "a", "foo": 1},
     "bad policy": {"name": "a", "policy": {"thinking": "maybe"}},
     "budget_period without budget": {"name": "a", "budget_period": "day"},
+    "budget_cost_period without budget": {"name": "a", "budget_cost_period": "day"},
 }
 
 

@@ -89,6 +89,7 @@ async def gateway_process(checkpoint: Path, workdir: Path) -> AsyncIterator[Gate
         "server": {"port": port, "workers": 2, "grace_period_s": 30, "run_dir": str(run_dir)},
         "redis": {"url": REDIS_URL, "embedded": False, "key_prefix": prefix},
         "logging": {"format": "json", "level": "info"},
+        "usage": {"enabled": False},
         "engine": {
             "model_path": str(checkpoint),
             "dtype": "float32",

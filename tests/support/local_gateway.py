@@ -61,6 +61,7 @@ def local_settings(prefix: str, model_path: Path, **engine: Any) -> Settings:
         server={"host": "127.0.0.1", "port": 0, "keepalive_s": 5},
         redis={"url": REDIS_URL, "embedded": False, "key_prefix": prefix},
         logging={"format": "json", "level": "warning"},
+        usage={"enabled": False},
         use_presets=False,
         engine={
             "model_path": model_path,

@@ -45,6 +45,7 @@ def routing_settings(mock: MockUpstream, prefix: str, **routing: Any) -> Setting
         redis={"url": REDIS_URL, "embedded": False, "key_prefix": prefix},
         logging={"format": "json", "level": "warning"},
         admin={"api_key": ADMIN_KEY},
+        usage={"enabled": False},
         use_presets=False,
         providers={
             "mock": upstream,
@@ -154,6 +155,8 @@ key_prefix = "{prefix}"
 [logging]
 format = "json"
 level = "warning"
+[usage]
+enabled = false
 [providers.mock]
 kind = "openai"
 base_url = "{mock.base_url}"

@@ -15,6 +15,11 @@ if redis.call('ZREM', KEYS[1], token) == 1 then
       redis.call('DECRBY', KEYS[4], amount)
     end
   end
+  local cost = redis.call('HGET', KEYS[2], '$' .. token)
+  if cost then
+    redis.call('HINCRBY', KEYS[2], '_csum', -tonumber(cost))
+    redis.call('HDEL', KEYS[2], '$' .. token)
+  end
   if redis.call('EXISTS', KEYS[3]) == 1 then
     redis.call('DECR', KEYS[3])
   end

@@ -8,19 +8,24 @@
 -- are written once at the end.
 -- KEYS: the keys of each settlement, once for the settlements that name the same ones: 1
 --   key:{id} hash, 2 slots zset, 3 held hash, 4 tpm window of admission, 5 spent (all), 6 spent
---   (day), 7 spent (month), 8 usage day hash, 9 usage days set, 10 usage stream, 11 gone hash.
+--   (day), 7 spent (month), 8 usage day hash, 9 usage days set, 10 usage stream, 11 gone hash,
+--   12 spent cost (all), 13 spent cost (day), 14 spent cost (month).
 -- ARGV: 1 ttl of a day's spent counter (ms), 2 ttl of a month's (ms), 3 stream maxlen (0: not
 --   trimmed here, the usage store's consumer trims what it has stored), 4 the
 --   settlements, packed with MessagePack (values arrive typed, with none of the cost of an
 --   argument each): per settlement {where its keys start in KEYS (0-based), request token,
 --   reserved tokens, used tokens (prompt + completion), UTC day, {counter field = increment},
---   then the stream entry's values in the order of its fields below (usage.RECORD_FIELDS)}.
+--   then the stream entry's values in the order of its fields below (usage.RECORD_FIELDS),
+--   cost reserved, cost used (millionths of the currency)}.
+-- The cost charged against a cost budget is capped the same way as tokens: at the cost
+-- reserved and at the budget left.
 -- Returns, per settlement, the tokens charged against the budget, or -1 when it had been
 -- applied before.
 local day_ttl, month_ttl, maxlen = ARGV[1], ARGV[2], ARGV[3]
 
 -- Written once at the end (by key name).
 local held_add, held_gone, window_add, spent_add, counters, days = {}, {}, {}, {}, {}, {}
+local cost_held_add = {}
 local streams = {}  -- the usage streams written to, trimmed to maxlen once at the end
 -- Read once per batch, then kept as the batch changes them (by key name).
 local budgets, spent, spent_ttl = {}, {}, {}
@@ -28,11 +33,34 @@ local budgets, spent, spent_ttl = {}, {}, {}
 local function key_budget(name)  -- {budget or false, period or false}
   local f = budgets[name]
   if not f then
-    local got = redis.call('HMGET', name, 'budget', 'period')
-    f = {tonumber(got[1]) or false, got[2] or false}
+    local got = redis.call('HMGET', name, 'budget', 'period', 'cbudget', 'cperiod')
+    f = {tonumber(got[1]) or false, got[2] or false, tonumber(got[3]) or false, got[4] or false}
     budgets[name] = f
   end
   return f
+end
+
+local function charge_spent(spent_key, ttl, amount, limit)  -- what is charged, capped
+  local current = spent[spent_key]
+  if not current then
+    local got = redis.call('GET', spent_key)
+    -- a period's counter gets its TTL once, when it starts
+    spent_ttl[spent_key] = (ttl ~= 0 and not got) and ttl or false
+    current = tonumber(got) or 0
+  end
+  amount = math.max(0, math.min(amount, limit - current))
+  spent[spent_key] = current + amount
+  spent_add[spent_key] = (spent_add[spent_key] or 0) + amount
+  return amount
+end
+
+local function period_key(k, first, period)  -- the spent counter of a period, and its TTL
+  if period == 'day' then
+    return k[first + 1], day_ttl
+  elseif period == 'month' then
+    return k[first + 2], month_ttl
+  end
+  return k[first], 0
 end
 
 local function settle(k, s)
@@ -45,6 +73,13 @@ local function settle(k, s)
       held_gone[k[3]] = gone
       gone[#gone + 1] = token
     end
+    local cost = redis.call('HGET', k[3], '$' .. token)
+    if cost then
+      cost_held_add[k[3]] = (cost_held_add[k[3]] or 0) - tonumber(cost)
+      local gone = held_gone[k[3]] or {}
+      held_gone[k[3]] = gone
+      gone[#gone + 1] = '$' .. token
+    end
   elseif redis.call('HGET', k[11], token) == 'lapsed' then
     redis.call('HDEL', k[11], token)
   else
@@ -56,24 +91,14 @@ local function settle(k, s)
   local f = key_budget(k[1])
   local budget = f[1]
   if budget then
-    local spent_key, ttl = k[5], 0
-    if f[2] == 'day' then
-      spent_key, ttl = k[6], day_ttl
-    elseif f[2] == 'month' then
-      spent_key, ttl = k[7], month_ttl
-    end
-    local current = spent[spent_key]
-    if not current then
-      local got = redis.call('GET', spent_key)
-      -- a period's counter gets its TTL once, when it starts
-      spent_ttl[spent_key] = (ttl ~= 0 and not got) and ttl or false
-      current = tonumber(got) or 0
-    end
-    charge = math.max(0, math.min(charge, budget - current))
-    spent[spent_key] = current + charge
-    spent_add[spent_key] = (spent_add[spent_key] or 0) + charge
+    local spent_key, ttl = period_key(k, 5, f[2])
+    charge = charge_spent(spent_key, ttl, charge, budget)
   else
     charge = 0
+  end
+  if f[3] then
+    local spent_key, ttl = period_key(k, 12, f[4])
+    charge_spent(spent_key, ttl, math.min(s[28], s[27]), f[3])
   end
 
   local day_counters = counters[k[8]] or {}
@@ -95,11 +120,16 @@ local function settle(k, s)
   return charge
 end
 
-local replies = each_item(ARGV[4], 11, settle)
+local replies = each_item(ARGV[4], 14, settle)
 
 for held, amount in pairs(held_add) do
   redis.call('HINCRBY', held, '_sum', amount)
-  redis.call('HDEL', held, unpack(held_gone[held]))
+end
+for held, amount in pairs(cost_held_add) do
+  redis.call('HINCRBY', held, '_csum', amount)
+end
+for held, gone in pairs(held_gone) do
+  redis.call('HDEL', held, unpack(gone))
 end
 for window, amount in pairs(window_add) do
   if amount ~= 0 and redis.call('EXISTS', window) == 1 then

@@ -97,6 +97,7 @@ async def test_wrong_or_missing_admin_key_is_401(client: TestClient[Any, Any]) -
 
 async def test_key_crud(client: TestClient[Any, Any], redis: Redis, prefix: str) -> None:
     body = {"name": "ci", "models": ["m"], "budget_tokens": 100, "budget_period": "day",
+            "budget_cost": 2.5, "budget_cost_period": "month",
             "rpm": 1, "tpm": 2, "max_concurrency": 3,
             "expires_at": "2099-01-01T00:00:00+01:00", "metadata": {"team": "x"}}  # fmt: skip
     resp = await client.post("/admin/keys", json=body, headers=AUTH)
@@ -152,6 +153,11 @@ BAD_CREATES = [
     (b'{"name": "a", "budget_tokens": true}', "budget_tokens"),
     (b'{"name": "a", "budget_tokens": 5, "budget_period": "week"}', "budget_period"),
     (b'{"name": "a", "budget_period": "day"}', "budget_period"),
+    (b'{"name": "a", "budget_cost": -1}', "budget_cost"),
+    (b'{"name": "a", "budget_cost": "5"}', "budget_cost"),
+    (b'{"name": "a", "budget_cost": 1e12}', "budget_cost"),
+    (b'{"name": "a", "budget_cost_period": "day"}', "budget_cost_period"),
+    (b'{"name": "a", "budget_cost": 1, "budget_cost_period": "week"}', "budget_cost_period"),
     (b'{"name": "a", "models": "gpt"}', "models"),
     (b'{"name": "a", "models": [""]}', "models.0"),
     (b'{"name": "a", "metadata": {"k": 1}}', "metadata.k"),

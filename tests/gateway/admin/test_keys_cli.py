@@ -52,12 +52,14 @@ def test_key_lifecycle(prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
     status, created, err = run(
         capsys, "keys", "create", "--name", "ci", "--models", "b,a", "--budget-tokens", "500",
         "--budget-period", "month", "--rpm", "5", "--tpm", "900", "--max-concurrency", "2",
+        "--budget-cost", "12.5", "--budget-cost-period", "day",
     )  # fmt: skip
     assert status == 0 and "cannot be shown again" in err
     secret, key_id = created["key"], created["id"]
     assert secret.startswith("sk-") and len(secret) >= 35 and secret not in err
     assert created["models"] == ["a", "b"] and created["budget_period"] == "month"
     assert (created["rpm"], created["tpm"], created["max_concurrency"]) == (5, 900, 2)
+    assert (created["budget_cost"], created["budget_cost_period"]) == (12.5, "day")
 
     status, shown, _ = run(capsys, "keys", "show", key_id)
     assert status == 0 and "key" not in shown and secret not in json.dumps(shown)
@@ -81,6 +83,8 @@ def test_bad_input_creates_nothing(prefix: str, capsys: pytest.CaptureFixture[st
     assert status == 2 and out is None and "rpm" in err
     status, out, err = run(capsys, "keys", "create", "--name", "  ")
     assert status == 2 and "name" in err
+    status, out, err = run(capsys, "keys", "create", "--name", "x", "--budget-cost", "-1")
+    assert status == 2 and "budget-cost" in err
     assert run(capsys, "keys", "list")[1] == []
     with pytest.raises(SystemExit):
         run(capsys, "keys", "create", "--name", "x", "--budget-period", "week")

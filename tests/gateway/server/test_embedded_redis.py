@@ -84,6 +84,7 @@ def _write_config(path: Path, data_dir: Path) -> Path:
         "embedded = true\n"
         f'data_dir = "{data_dir}"\n'
         "[auth]\nenabled = true\n"
+        "[usage]\nenabled = false\n"
         '[logging]\nformat = "json"\nlevel = "warning"\n'
         '[providers.up]\nkind = "openai"\n'
         f'base_url = "http://127.0.0.1:{closed_port()}/v1"\n'

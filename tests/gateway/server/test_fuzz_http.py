@@ -57,6 +57,7 @@ FIELDS = [
     "seed", "temperature", "top_p", "top_k", "logprobs", "top_logprobs", "response_format",
     "thinking", "reasoning", "reasoning_effort", "chat_template_kwargs", "echo", "suffix",
     "user", "text", "metadata", "name", "rpm", "tpm", "budget_tokens", "budget_period",
+    "budget_cost", "budget_cost_period",
     "max_concurrency", "expires_at", "models", "disabled", "previous_response_id",
     "stop_sequences", "system",
 ]  # fmt: skip

@@ -3,13 +3,17 @@ the raw rows, the admin queries, retention and migrations."""
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
 from gateway.usage_store.rows import row_of
 from gateway.usage_store.sketch import ERROR_BOUND
-from gateway.usage_store.store import UsageStore
+from gateway.usage_store.store import RECORD_COLUMNS, UsageStore
 from tests.support.usage_records import stream_fields
 
 DAY0 = datetime(2026, 3, 30, tzinfo=UTC).timestamp()  # 2026-03-30, two days before April
@@ -97,6 +101,41 @@ async def test_records_page_newest_first_and_export_everything(store_url: str) -
         exported = [row async for chunk in store.export(ExportQuery(), chunk=64) for row in chunk]
         assert len(exported) == 250
         assert len({r[0] for r in exported}) == 250
+        # filtered by key and time, oldest first, every column as the records listing shows it
+        start = datetime.fromtimestamp(DAY0 + 600 * 90, UTC)
+        end = datetime.fromtimestamp(DAY0 + 600 * 180, UTC)
+        q = ExportQuery(key="key0", start=start, end=end)
+        exported = [tuple(row) async for chunk in store.export(q, chunk=7) for row in chunk]
+        page, _ = await store.records(RecordsQuery(key="key0", start=start, end=end, limit=1000))
+        expected = [tuple(r[c] for c in RECORD_COLUMNS) for r in reversed(page)]
+        assert exported == expected and len(expected) == 30
+    finally:
+        await store.aclose()
+
+
+async def test_the_csv_export_quotes_text_and_reads_back_as_the_records(store_url: str) -> None:
+    store = await UsageStore.open(store_url)
+    try:
+        odd = {"route_reason": 'a, "quoted"\nline', "ttft_ms": "", "cost": "0.000123456789"}
+        batch = rows(10) + [
+            row_of("1774900000123-0", stream_fields(10, DAY0 + 7200.123, **odd), frozenset())
+        ]
+        await store.insert(batch)
+        text = b"".join([part async for part in store.export_csv(ExportQuery(), chunk=4)])
+        lines = list(csv.reader(io.StringIO(text.decode())))
+        exported = [tuple(row) async for part in store.export(ExportQuery()) for row in part]
+        assert len(lines) == len(exported) == 11
+        for line, record in zip(lines, exported, strict=True):
+            moment = datetime.fromtimestamp(record[1] / 1000, UTC)
+            assert line[0] == moment.isoformat(timespec="milliseconds")
+            for value, column, field in zip(line[1:], RECORD_COLUMNS, record, strict=True):
+                if field is None:
+                    assert value == "", column
+                elif isinstance(field, float):
+                    assert float(value) == pytest.approx(field, rel=1e-14), column
+                else:
+                    assert value == str(field), column
+        assert lines[-1][RECORD_COLUMNS.index("route_reason") + 1] == 'a, "quoted"\nline'
     finally:
         await store.aclose()
 

@@ -138,6 +138,7 @@ async def test_requests_are_stored_priced_and_reported(
         ("/admin/usage/records", {"cursor": "nonsense"}, "cursor"),
         ("/admin/usage/export", {"route": "sideways"}, "route"),
         ("/admin/usage/records", {"key": "a\x00b"}, "key"),
+        ("/admin/usage/export", {"start": "0001-01-01T00:00:00+01:00"}, "start"),
     ],
 )
 async def test_bad_queries_are_400s(

@@ -1,0 +1,61 @@
+"""Rollup arithmetic: the daily rollup folded from the hourly one equals the daily rollup of
+the rows themselves, and the two-quantile pass reads what two single quantiles read."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.usage_store.rows import DAY_S, HOUR_S, coarser, rollups, row_of
+from gateway.usage_store.sketch import BUCKETS, quantile, quantiles
+
+
+def _rows(n: int, seed: int) -> list[dict[str, object]]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        ts_ms = 1_764_000_000_000 + rng.randrange(3 * DAY_S * 1000)
+        fields = {
+            "key_id": f"k{rng.randrange(3)}",
+            "model": f"m{rng.randrange(2)}",
+            "provider": rng.choice(["up", "engine", ""]),
+            "thinking": rng.choice(["on", "off", ""]),
+            "status": rng.choice(["200", "502"]),
+            "error_code": rng.choice(["", "upstream_error"]),
+            "prompt_tokens": str(rng.randrange(100)),
+            "cached_tokens": str(rng.randrange(10)),
+            "completion_tokens": str(rng.randrange(100)),
+            "reasoning_tokens": str(rng.randrange(5)),
+            "cost": str(rng.random() / 100),
+            "latency_ms": str(rng.lognormvariate(5, 1.5)),
+            "ttft_ms": rng.choice(["", str(rng.lognormvariate(3, 1))]),
+        }
+        rows.append(row_of(f"{ts_ms}-{i}", fields, frozenset({"engine"})))
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_daily_rollup_folds_from_the_hourly_one(seed: int) -> None:
+    rows = _rows(500, seed)
+    folded = coarser(rollups(rows, HOUR_S), DAY_S)
+    direct = rollups(rows, DAY_S)
+    assert [r[:8] for r in folded] == [r[:8] for r in direct]
+    assert folded == [pytest.approx(r) for r in direct]
+    assert sum(r[8] for r in folded) == 500  # requests
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_two_quantiles_in_one_pass_read_as_two_single_ones(seed: int) -> None:
+    rng = random.Random(seed)
+    counts: list[int | None] = [rng.choice([0, 0, 1, 5, 100]) for _ in range(BUCKETS)]
+    counts[rng.randrange(BUCKETS)] = None  # a SQL sum over no rows
+    plain = [n or 0 for n in counts]
+    low, high = sorted((rng.random(), rng.random()))
+    low = max(low, 0.01)
+    assert quantiles(counts, low, high) == (quantile(plain, low), quantile(plain, high))
+
+
+def test_an_empty_histogram_has_no_quantiles() -> None:
+    assert quantiles([0] * BUCKETS, 0.5, 0.95) == (None, None)
+    assert quantiles([None] * BUCKETS, 0.5, 0.95) == (None, None)
