@@ -163,10 +163,23 @@ async def test_a_conversation_is_served_where_its_prefix_is(pair: Cluster) -> No
     assert placement(headers) == ("a", "local")
     prompt_blocks = (resp.usage.prompt_tokens - 1) // BLOCK
     await pair.holds("b", "a", prompt_blocks)
+    # b weighs a's load as a's last heartbeat reported it: wait until that says a is idle
+    await wait_for(
+        pair.session,
+        pair.nodes["b"],
+        lambda s: (
+            (a := s["nodes"].get("a", {})).get("blocks", 0) >= prompt_blocks
+            and a.get("waiting") == 0
+            and a.get("running_tokens") == 0
+        ),
+        what="saw a idle, holding the first turn",
+    )
     # the next turn reaches b, which forwards it to a, where the history is cached
     second = next_turn(first, "Fog.", "And?")
     resp, headers = await pair.ask("b", second)
-    assert placement(headers) == ("a", "forward"), headers["x-gateway-route"]
+    if placement(headers) != ("a", "forward"):  # what b saw of a, to tell why
+        seen = await cluster_status(pair.session, pair.nodes["b"])
+        pytest.fail(f"{headers['x-gateway-route']}; b's view: {seen}")
     assert cached_tokens(resp) >= prompt_blocks * BLOCK - BLOCK
     assert resp.choices[0].finish_reason == "length"
     # streamed through as well, usage included: once b has seen a idle again (its load as a
