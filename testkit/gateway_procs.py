@@ -198,8 +198,6 @@ format = "json"
 level = "warning"
 [auth]
 enabled = {"true" if keyed else "false"}
-[usage]
-enabled = false
 [providers.json]
 kind = "openai"
 base_url = "{json_url}"
@@ -211,7 +209,13 @@ routes = [{{ provider = "json", model = "echo-chunks-{chunks}" }}]
 [models."{STREAM_MODEL}"]
 routes = [{{ provider = "stream", model = "echo-chunks-{chunks}" }}]
 """)
-    env = {**os.environ, "GATEWAY_USE_PRESETS": "false", "PYTHONPATH": str(tree)}
+    # The usage store off through the environment, which a tree from before it ignores.
+    env = {
+        **os.environ,
+        "GATEWAY_USE_PRESETS": "false",
+        "GATEWAY_USAGE__ENABLED": "false",
+        "PYTHONPATH": str(tree),
+    }
     launcher = ["-m", "gateway"]
     pin = ["taskset", "-c", cpus] if cpus is not None else []
     proc = subprocess.Popen(
