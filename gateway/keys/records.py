@@ -132,9 +132,11 @@ class KeyUpdate(KeyLimits):
 
 class KeyRecord(KeyCreate):
     """A stored key, as the admin API shows it. The secret itself is never part of it; `hint`
-    holds its last four characters so an operator can tell keys apart."""
+    holds its last four characters so an operator can tell keys apart. Fields it does not know
+    are ignored: a node of an older version reads the records a newer one wrote (a rolling
+    upgrade), as long as no field it knows changed meaning."""
 
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    model_config = ConfigDict(extra="ignore", strict=False, frozen=True)
 
     id: str
     created: datetime

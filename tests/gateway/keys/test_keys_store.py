@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from gateway.errors import InvalidRequest, NotFound
-from gateway.keys.records import KeyCreate, KeyUpdate
+from gateway.keys.records import KeyCreate, KeyRecord, KeyUpdate
 from gateway.keys.store import KeyStore, digest
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -138,3 +138,12 @@ async def test_revoke_deletes_key_and_digest(store: KeyStore, redis: Redis) -> N
     assert await redis.exists(store.space.key(record.id)) == 0
     with pytest.raises(NotFound):
         await store.revoke(record.id)
+
+
+async def test_a_record_with_fields_of_a_newer_version_still_reads(
+    redis: Redis, redis_prefix: str
+) -> None:
+    store = KeyStore(redis, prefix=redis_prefix)
+    _, record = await store.create(KeyCreate(name="rolling"))
+    raw = record.model_dump(mode="json") | {"a_field_of_a_later_version": 1}
+    assert KeyRecord.model_validate(raw) == record
