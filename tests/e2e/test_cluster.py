@@ -409,6 +409,11 @@ FROZEN = {
     # b's liveness key outlives the test's phases: a keeps placing prompts on the frozen b, so
     # only the forwarding deadlines stand between a request and a hang.
     "liveness_ttl_s": 120.0,
+    # Placement follows the prefix alone: b may freeze before it reports the third turn's blocks
+    # or after it reported a queued request, and neither may move the fourth turn off b.
+    "pending_s": 120.0,
+    "waiting_cost_tokens": 0.0,
+    "running_token_weight": 0.0,
     "forward_first_byte_timeout_s": 4.0,
     "forward_idle_timeout_s": 4.0,
     "forward_keepalive_s": 0.5,
@@ -486,7 +491,7 @@ async def test_a_frozen_peer_costs_a_deadline_not_a_hang(
                 cluster.ask("a", fourth), streamed()
             )
         assert resp.choices[0].finish_reason == "length"
-        assert route_fields(headers)["via"] == "fallback"
+        assert route_fields(headers)["via"] == "fallback", headers["x-gateway-route"]
         assert route_fields(headers)["tried"] == "b"
         # the stream's headers went out before its first token, while b was still tried
         assert placement(early) == ("b", "forward"), early["x-gateway-route"]
