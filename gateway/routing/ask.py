@@ -78,9 +78,10 @@ _MAIL_LINE = re.compile(
 _CONFIG_LINE = re.compile(
     r"^\s*(?:- )?[\w.\-\"']{1,30}(?: [\w.\-]{1,20}){0,2}\s*(?:[:=]\s*\S|[:=]\s*$)"
 )
-_CODE_LINE = re.compile(
-    r"^(?:    |\t)|[;{}]\s*$|^\s*(?:def |class |import |from \S+ import |#include|//)"
-)
+# A code line: indented, or ending in ; { or } (checked on the line's end, not by a regex), or
+# led by a keyword; and not ending like a sentence.
+_CODE_START = re.compile(r"\s*(?:def |class |import |from \S+ import |#include|//)")
+_CODE_END, _SENTENCE_END = ";{}", ".?!。？！"
 _LINE_HEAD = re.compile(
     f"(?P<trace>{_TRACE_LINE.pattern})|(?P<log>{_LOG_LINE.pattern})"
     f"|(?P<quote>{_QUOTE_LINE.pattern}|{_MAIL_LINE.pattern})"
@@ -92,7 +93,6 @@ _QUOTED = re.compile(
     r"\"[^\"\n]{40,}\"|“[^”]{24,}”|‘[^’]{40,}’|「[^」]{24,}」|『[^』]{24,}』"
     r"|(?<=[\s:：])'[^'\n]{40,}'(?=[\s.,;:?!)]|$)"
 )
-_PROSE_END = re.compile(r"[.?!。？！]\s*$")
 _LEAD_IN = re.compile(r"(?:[:：]|如下|below|following)\s*$", re.I)
 _ASK_LINE = re.compile(r"[.?!。？！:：]\s*$")
 _ATTACHED = re.compile(
@@ -305,9 +305,17 @@ def _pasted_kind(line: str, num_lines: int) -> str | None:
         return head.lastgroup
     if num_lines <= 2:
         return None
-    if _CODE_LINE.search(line) and not _PROSE_END.search(line):
+    end = line.rstrip()[-1]  # the line is not blank
+    if end not in _SENTENCE_END and (
+        end in _CODE_END or line.startswith(("    ", "\t")) or _CODE_START.match(line)
+    ):
         return "code"
-    if len(line) < 120 and _CONFIG_LINE.match(line) and not _CJK.search(line[:8]):
+    if (
+        len(line) < 120
+        and ("=" in line or ":" in line)
+        and _CONFIG_LINE.match(line)
+        and not _CJK.search(line[:8])
+    ):
         return "config"
     return None
 

@@ -132,6 +132,25 @@ def test_pasted_material_is_not_the_ask() -> None:
     assert "document" in ask.material
 
 
+def test_pasted_code_and_config_lines_are_told_from_prose() -> None:
+    """A line is code when indented, keyword-led or ending in ; { } (trailing blanks aside), but
+    not when it ends like a sentence; a short `key: value` line is configuration."""
+    text = (
+        "Which port does this listen on?\n"
+        "server {   \n"
+        "  listen 8080;  \n"
+        "}\t\n"
+        "    \n"
+        "timeout_s: 30\n"
+        "    Indented prose ends like a sentence.\n"
+        "def main():"
+    )
+    ask = ask_of(request(Message("user", text)))
+    assert ask.material == ("code", "config")
+    lines = [line.strip() for line in ask.instruction.split("\n") if line.strip()]
+    assert lines == ["Which port does this listen on?", "Indented prose ends like a sentence."]
+
+
 def test_a_short_ask_is_all_instruction() -> None:
     text = "How many ways can 5 people sit at a round table if two of them refuse to sit together?"
     ask = ask_of(request(Message("user", text)))
