@@ -4,7 +4,8 @@
     (XADDed first, then drained: read, insert with rollups, ack, trim), target >= 20,000/s;
   - queries over `--records` synthetic records (90 days, 1,000 keys, 20 models; each key
     uses two models): a 90-day daily summary by key and model (< 100 ms), a 24-hour hourly
-    summary by model (< 50 ms), one key's month as CSV (> 100,000 rows/s);
+    summary by model (< 50 ms), one key's month as CSV (> 100,000 rows/s); and, against the
+    same 100 ms, two 90-day reports over all keys (daily totals; p95 by provider and model);
   - the store's size per million records.
 
     .venv/bin/python benchmarks/usage_store.py [--records 1000000] [--ingest 100000]
@@ -188,6 +189,13 @@ async def bench(name: str, url: str, records: int, ingest_n: int) -> None:
         )
         ms = await timed(lambda: store.summary(hourly))
         line("24-hour hourly summary by model", ms, "ms", "< 50", ms < 50)
+        # every key together (the all-keys rollups): the reports over all keys
+        overview = SummaryQuery(interval="day", start=start, end=NOW)
+        ms = await timed(lambda: store.summary(overview))
+        line("90-day daily summary of all keys", ms, "ms", "< 100", ms < 100)
+        by_provider = SummaryQuery(group_by="provider,model", start=start, end=NOW)
+        ms = await timed(lambda: store.summary(by_provider))
+        line("90-day p95 TTFT by provider and model", ms, "ms", "< 100", ms < 100)
         rate, rows = await export_rate(store, "key0042")
         line(
             f"CSV export of one key's month ({rows:,} rows)",

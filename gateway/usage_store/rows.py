@@ -76,7 +76,8 @@ def failed(row: Mapping[str, Any]) -> bool:
 
 
 ROLLUP_COLUMNS = ("bucket", *DIMENSIONS, *ADDED)  # the order of `rollups`' values
-_AT = {name: i for i, name in enumerate(ROLLUP_COLUMNS)}
+# Positions in ADDED (after the bucket and the dimensions).
+_AT = {name: i for i, name in enumerate(ADDED)}
 _REQUESTS, _ERRORS, _COST, _LAT_SUM = (
     _AT[c] for c in ("requests", "errors", "cost", "latency_sum_ms")
 )
@@ -88,17 +89,19 @@ _TOKENS = tuple(
 )
 
 
-def rollups(rows: Iterable[Mapping[str, Any]], bucket_s: int) -> list[list[Any]]:
-    """Rollup increments of `rows` in buckets of `bucket_s` seconds, each a list of values in
-    the order of `ROLLUP_COLUMNS`, sorted by primary key (so that concurrent writers lock rows
-    in one order)."""
-    groups: dict[tuple[Any, ...], list[Any]] = {}
+def rollups(
+    rows: Iterable[Mapping[str, Any]], bucket_s: int, dims: tuple[str, ...] = DIMENSIONS
+) -> list[list[Any]]:
+    """Rollup increments of `rows` in buckets of `bucket_s` seconds by the dimensions `dims`,
+    each a list of values in the order of `bucket`, `dims`, `ADDED` (`ROLLUP_COLUMNS` for every
+    dimension), sorted by primary key (so that concurrent writers lock rows in one order)."""
     width = len(ADDED)
+    sums: dict[tuple[Any, ...], list[Any]] = {}  # each group's ADDED values
     for row in rows:
-        pk = (row["ts_ms"] // 1000 // bucket_s * bucket_s, *(row[d] for d in DIMENSIONS))
-        group = groups.get(pk)
+        pk = (row["ts_ms"] // 1000 // bucket_s * bucket_s, *(row[d] for d in dims))
+        group = sums.get(pk)
         if group is None:
-            group = groups[pk] = [*pk, *([0] * width)]
+            group = sums[pk] = [0] * width
             group[_COST] = group[_LAT_SUM] = group[_TTFT_SUM] = 0.0
         group[_REQUESTS] += 1
         group[_ERRORS] += failed(row)
@@ -112,20 +115,29 @@ def rollups(rows: Iterable[Mapping[str, Any]], bucket_s: int) -> list[list[Any]]
             group[_TTFT_COUNT] += 1
             group[_TTFT_SUM] += ttft
             group[_TTFT0 + bucket_of(ttft)] += 1
-    return [groups[pk] for pk in sorted(groups)]
+    return [[*pk, *sums[pk]] for pk in sorted(sums)]
 
 
-def coarser(increments: Iterable[list[Any]], bucket_s: int) -> list[list[Any]]:
-    """`rollups` increments (of buckets that divide `bucket_s`) folded into buckets of
-    `bucket_s` seconds: what `rollups(rows, bucket_s)` makes of the same rows, without reading
-    them again (the daily rollup from the hourly one)."""
+def coarser(
+    increments: Iterable[list[Any]],
+    bucket_s: int,
+    dims: tuple[str, ...] = DIMENSIONS,
+    source: tuple[str, ...] = DIMENSIONS,
+) -> list[list[Any]]:
+    """`rollups` increments by the dimensions `source` (of buckets that divide `bucket_s`)
+    folded into buckets of `bucket_s` seconds and the dimensions `dims` (of `source`, in its
+    order): what `rollups` of the same rows makes at that grain, without reading them again
+    (the daily rollups from the hourly ones). Values in the order of `bucket`, `dims`,
+    `ADDED`."""
     groups: dict[tuple[Any, ...], list[Any]] = {}
-    head = 1 + len(DIMENSIONS)
+    head = 1 + len(source)
+    kept = [1 + source.index(d) for d in dims]
     for increment in increments:
-        pk = (increment[0] // bucket_s * bucket_s, *increment[1:head])
+        pk = (increment[0] // bucket_s * bucket_s, *(increment[i] for i in kept))
         group = groups.get(pk)
         if group is None:
             groups[pk] = [*pk, *increment[head:]]
         else:
-            group[head:] = [a + b for a, b in zip(group[head:], increment[head:], strict=True)]
+            width = len(pk)
+            group[width:] = [a + b for a, b in zip(group[width:], increment[head:], strict=True)]
     return [groups[pk] for pk in sorted(groups)]

@@ -5,12 +5,16 @@ keyed by its Redis stream entry id, so storing a record twice stores it once.
 `usage_hour` and `usage_day`: rollups by bucket start (epoch seconds, UTC) and the dimensions
 key, model, provider, route (local/upstream), thinking, status and error code; counters add,
 and the latency histograms (`sketch.py`) add column by column.
+`usage_hour_all_keys` and `usage_day_all_keys`: the same with every key together (all the
+dimensions but the key): what a summary that neither groups nor filters by key reads, its size
+growing with models and periods, not with keys.
 `usage_schema`: the versions applied.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -22,6 +26,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    func,
     insert,
     select,
 )
@@ -68,6 +73,7 @@ records = Table(
 )
 
 DIMENSIONS = ("key_id", "model", "provider", "route", "thinking", "status", "error_code")
+ALL_KEYS = DIMENSIONS[1:]  # the dimensions of the all-keys rollups
 COUNTERS = (
     "requests",
     "errors",
@@ -83,16 +89,19 @@ TTFT = tuple(f"ttft_{i}" for i in range(BUCKETS))
 ADDED = COUNTERS + SUMS + LATENCY + TTFT  # every rollup column that merges by addition
 
 
-def _rollup(name: str) -> Table:
-    dims: list[SchemaItem] = [
-        Column("key_id", String(64), primary_key=True),
-        Column("model", String(200), primary_key=True),
-        Column("provider", String(100), primary_key=True),
-        Column("route", String(16), primary_key=True),
-        Column("thinking", String(4), primary_key=True),
-        Column("status", Integer, primary_key=True),
-        Column("error_code", String(100), primary_key=True),
-    ]
+_DIMENSION_TYPES: dict[str, Any] = {
+    "key_id": String(64),
+    "model": String(200),
+    "provider": String(100),
+    "route": String(16),
+    "thinking": String(4),
+    "status": Integer,
+    "error_code": String(100),
+}
+
+
+def _rollup(name: str, dims: tuple[str, ...]) -> Table:
+    keyed: list[SchemaItem] = [Column(d, _DIMENSION_TYPES[d], primary_key=True) for d in dims]
     counters: list[SchemaItem] = [
         Column(c, BigInteger, nullable=False, default=0) for c in COUNTERS
     ]
@@ -100,20 +109,29 @@ def _rollup(name: str) -> Table:
     sketches: list[SchemaItem] = [
         Column(c, Integer, nullable=False, default=0) for c in LATENCY + TTFT
     ]
+    indexes = [Index(f"{name}_key_bucket", "key_id", "bucket")] if "key_id" in dims else []
     return Table(
         name,
         metadata,
         Column("bucket", BigInteger, primary_key=True),
-        *dims,
+        *keyed,
         *counters,
         *sums,
         *sketches,
-        Index(f"{name}_key_bucket", "key_id", "bucket"),
+        *indexes,
     )
 
 
-hourly = _rollup("usage_hour")
-daily = _rollup("usage_day")
+hourly = _rollup("usage_hour", DIMENSIONS)
+daily = _rollup("usage_day", DIMENSIONS)
+hourly_all_keys = _rollup("usage_hour_all_keys", ALL_KEYS)
+daily_all_keys = _rollup("usage_day_all_keys", ALL_KEYS)
+ROLLUPS = {  # each rollup table: its bucket in seconds and its dimensions
+    hourly: (3600, DIMENSIONS),
+    daily: (86_400, DIMENSIONS),
+    hourly_all_keys: (3600, ALL_KEYS),
+    daily_all_keys: (86_400, ALL_KEYS),
+}
 
 
 def _v1(conn: Connection) -> None:
@@ -121,8 +139,21 @@ def _v1(conn: Connection) -> None:
         table.create(conn, checkfirst=True)
 
 
+def _v2(conn: Connection) -> None:
+    """The all-keys rollups, filled from the keyed ones."""
+    for table, source in ((hourly_all_keys, hourly), (daily_all_keys, daily)):
+        table.create(conn, checkfirst=True)
+        groups = [source.c.bucket, *(source.c[d] for d in ALL_KEYS)]
+        sums = [func.sum(source.c[c]).label(c) for c in ADDED]
+        conn.execute(
+            insert(table).from_select(
+                ["bucket", *ALL_KEYS, *ADDED], select(*groups, *sums).group_by(*groups)
+            )
+        )
+
+
 # Versioned migrations, in order; each runs once, in the transaction that records it.
-MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = ((1, _v1),)
+MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = ((1, _v1), (2, _v2))
 
 
 def migrate(conn: Connection, now_ms: int) -> list[int]:

@@ -1,10 +1,10 @@
 """`UsageStore`: the SQL usage store (SQLite or PostgreSQL, by URL) behind one interface.
 
   - `insert(rows)`: stores rows idempotently by record id and, in the same transaction, adds
-    the rows it had not stored before to the hourly and daily rollups; returns how many were
-    new. Safe to run from any number of processes at once.
+    the rows it had not stored before to the hourly and daily rollups (keyed and all-keys);
+    returns how many were new. Safe to run from any number of processes at once.
   - `summary`, `records`, `export`: the admin API's reads; every summary is one query on a
-    rollup table.
+    rollup table: the all-keys one when the summary neither groups nor filters by key.
   - `purge(now_s)`: retention (raw rows after `retention_days`, rollups after
     `rollup_retention_days`).
 The schema is migrated at `open` (under a lock: PostgreSQL's advisory lock, SQLite's write lock).
@@ -38,16 +38,19 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from gateway.usage_store.queries import COLUMN, ExportQuery, Filters, RecordsQuery, SummaryQuery
-from gateway.usage_store.rows import DAY_S, HOUR_S, ROLLUP_COLUMNS, coarser, rollups
+from gateway.usage_store.rows import DAY_S, HOUR_S, coarser, rollups
 from gateway.usage_store.schema import (
     ADDED,
+    ALL_KEYS,
     COUNTERS,
-    DIMENSIONS,
     LATENCY,
+    ROLLUPS,
     SUMS,
     TTFT,
     daily,
+    daily_all_keys,
     hourly,
+    hourly_all_keys,
     migrate,
     records,
 )
@@ -131,6 +134,11 @@ class UsageStore:
                 hours = rollups(fresh, HOUR_S)
                 await self._sql.add_rollups(conn, hourly, hours)
                 await self._sql.add_rollups(conn, daily, coarser(hours, DAY_S))
+                # from the rows again: a row adds a few values, an hourly increment all of them
+                all_hours = rollups(fresh, HOUR_S, ALL_KEYS)
+                await self._sql.add_rollups(conn, hourly_all_keys, all_hours)
+                all_days = coarser(all_hours, DAY_S, ALL_KEYS, ALL_KEYS)
+                await self._sql.add_rollups(conn, daily_all_keys, all_days)
         return len(fresh)
 
     async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
@@ -140,7 +148,7 @@ class UsageStore:
             cutoff_ms = int((now_s - retention_days * DAY_S) * 1000)
             result = await conn.execute(delete(records).where(records.c.ts_ms < cutoff_ms))
             deleted[records.name] = result.rowcount
-            for table in (hourly, daily):
+            for table in ROLLUPS:
                 cutoff = int(now_s - rollup_days * DAY_S)
                 result = await conn.execute(delete(table).where(table.c.bucket < cutoff))
                 deleted[table.name] = result.rowcount
@@ -157,7 +165,7 @@ class UsageStore:
         if q.start is not None:
             start = int(q.start.timestamp())
             if table is not records:
-                start -= start % (HOUR_S if table is hourly else DAY_S)  # the bucket holding it
+                start -= start % ROLLUPS[table][0]  # the bucket holding it
             conditions.append(time_column >= start * scale)
         if q.end is not None:
             conditions.append(time_column < int(q.end.timestamp()) * scale)
@@ -172,8 +180,12 @@ class UsageStore:
     async def summary(self, q: SummaryQuery) -> list[dict[str, Any]]:
         """Totals per group (and per period with `interval`), from one rollup query."""
         day_aligned = all(t is None or int(t.timestamp()) % DAY_S == 0 for t in (q.start, q.end))
-        table = hourly if q.interval == "hour" or not day_aligned else daily
         dims = q.dimensions()
+        by_key = "key" in dims or q.key is not None
+        if q.interval == "hour" or not day_aligned:
+            table = hourly if by_key else hourly_all_keys
+        else:
+            table = daily if by_key else daily_all_keys
         columns: list[ColumnElement[Any]] = []
         if q.interval == "month":
             columns.append(self._month(table).label("period"))
@@ -345,19 +357,19 @@ class _FastSQL:
             self._records_head = f"INSERT INTO usage_records ({names}) VALUES "
             self._records_one = one
             self._records_tail = f" {conflict}"
-        self.rollup_columns = ROLLUP_COLUMNS
         self._rollups = {}
-        for table in (hourly, daily):
-            cols = ", ".join(self.rollup_columns)
-            keys = ", ".join(("bucket", *DIMENSIONS))
+        for table, (_, dims) in ROLLUPS.items():
+            columns = ("bucket", *dims, *ADDED)
+            cols = ", ".join(columns)
+            keys = ", ".join(("bucket", *dims))
             sets = ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in ADDED)
             if dialect == "postgresql":
                 arrays = ", ".join(
-                    f"${i}::{_pg_type(table, c)}[]" for i, c in enumerate(self.rollup_columns, 1)
+                    f"${i}::{_pg_type(table, c)}[]" for i, c in enumerate(columns, 1)
                 )
                 source = f"SELECT * FROM unnest({arrays})"
             else:
-                source = "VALUES (" + ", ".join("?" * len(self.rollup_columns)) + ")"
+                source = "VALUES (" + ", ".join("?" * len(columns)) + ")"
             self._rollups[table.name] = (
                 f"INSERT INTO {table.name} ({cols}) {source} "
                 f"ON CONFLICT ({keys}) DO UPDATE SET {sets}"
@@ -384,7 +396,7 @@ class _FastSQL:
     async def add_rollups(
         self, conn: AsyncConnection, table: Table, increments: list[list[Any]]
     ) -> None:
-        """Add `rows.rollups` increments to `table`."""
+        """Add increments (`rows.rollups`, `rows.coarser` at `table`'s dimensions) to `table`."""
         sql = self._rollups[table.name]
         if self.dialect == "postgresql":
             columns = tuple(list(column) for column in zip(*increments, strict=True))

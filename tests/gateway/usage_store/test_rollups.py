@@ -8,6 +8,7 @@ import random
 import pytest
 
 from gateway.usage_store.rows import DAY_S, HOUR_S, coarser, rollups, row_of
+from gateway.usage_store.schema import ALL_KEYS
 from gateway.usage_store.sketch import BUCKETS, quantile, quantiles
 
 
@@ -43,6 +44,21 @@ def test_the_daily_rollup_folds_from_the_hourly_one(seed: int) -> None:
     assert [r[:8] for r in folded] == [r[:8] for r in direct]
     assert folded == [pytest.approx(r) for r in direct]
     assert sum(r[8] for r in folded) == 500  # requests
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_all_keys_rollups_fold_from_the_keyed_ones(seed: int) -> None:
+    """Folded to every key together, the keyed increments equal the rollups of the same rows
+    with one key for all, without the key's column; so do the rows rolled up without it."""
+    rows = _rows(500, seed)
+    one_key = [{**row, "key_id": ""} for row in rows]
+    for bucket_s in (HOUR_S, DAY_S):
+        folded = coarser(rollups(rows, HOUR_S), bucket_s, ALL_KEYS)
+        direct = [[r[0], *r[2:]] for r in rollups(one_key, bucket_s)]
+        assert [r[:7] for r in folded] == [r[:7] for r in direct]
+        assert folded == [pytest.approx(r) for r in direct]
+        assert rollups(rows, bucket_s, ALL_KEYS) == [pytest.approx(r) for r in direct]
+        assert sum(r[7] for r in folded) == 500  # requests
 
 
 @pytest.mark.parametrize("seed", range(50))

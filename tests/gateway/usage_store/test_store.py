@@ -86,6 +86,106 @@ async def test_summary_groups_filters_and_periods(store_url: str) -> None:
         await store.aclose()
 
 
+def _varied(n: int) -> list[dict[str, object]]:
+    """Records over ~4 days across keys, models, providers, thinking and failures."""
+    out = []
+    for i in range(n):
+        ts = DAY0 + i * 577.0
+        fields = stream_fields(
+            i,
+            ts,
+            model=f"model{i % 4}",
+            provider=("mock", "engine")[i % 5 % 2],
+            thinking=("on", "off")[i % 7 % 2],
+            status=(200, 200, 200, 429, 502)[i % 5],
+            error_code=("", "", "", "rate_limited", "upstream_error")[i % 5],
+            latency_ms=f"{3 + (i * 37) % 900}.5",
+            ttft_ms="" if i % 6 == 0 else f"{1 + (i * 11) % 90}.0",
+        )
+        out.append(row_of(f"{int(ts * 1000)}-{i}", fields, frozenset({"engine"})))
+    return out
+
+
+def _without_key(rows: list[dict[str, object]], dims: list[str]) -> dict[tuple[object, ...], dict]:
+    """Summary rows grouped by `dims` plus the key, added up over the keys (counters only)."""
+    out: dict[tuple[object, ...], dict] = {}
+    for r in rows:
+        group = tuple(r[d] for d in ["period", *dims] if d in r)
+        total = out.setdefault(group, dict.fromkeys(("requests", "errors", "prompt_tokens"), 0))
+        for name in total:
+            total[name] += r[name]
+    return out
+
+
+async def test_summaries_without_the_key_read_what_the_keyed_rollups_add_up_to(
+    store_url: str,
+) -> None:
+    """A summary that neither groups nor filters by key reads the all-keys rollups: the same
+    totals as the keyed rollups summed over the keys, and the same p50/p95 (histograms add)."""
+    store = await UsageStore.open(store_url)
+    try:
+        batch = _varied(700)
+        await store.insert(batch[:450])
+        await store.insert(batch[300:])  # overlapping: stored once, rolled up once
+        start = datetime.fromtimestamp(DAY0, UTC)
+        for interval, end in (("hour", timedelta(hours=30)), ("day", timedelta(days=3)),
+                              ("month", timedelta(days=5)), (None, timedelta(days=5))):  # fmt: skip
+            for dims in (["model"], ["provider", "route", "thinking"], ["status", "error_code"]):
+                window = {"interval": interval, "start": start, "end": start + end}
+                plain = await store.summary(SummaryQuery(group_by=",".join(dims), **window))
+                keyed = await store.summary(
+                    SummaryQuery(group_by=",".join(["key", *dims]), **window)
+                )
+                assert _without_key(plain, dims) == _without_key(keyed, dims)
+                assert sum(r["requests"] for r in plain) > 0
+        [total] = await store.summary(SummaryQuery())
+        assert total["requests"] == 700 and total["errors"] == 280
+        exact = sorted(float(r["latency_ms"]) for r in batch)  # type: ignore[arg-type]
+        ttft = sorted(float(r["ttft_ms"]) for r in batch if r["ttft_ms"] is not None)  # type: ignore[arg-type]
+        for q, name in ((0.5, "p50"), (0.95, "p95")):
+            truth = exact[math.ceil(q * len(exact)) - 1]
+            assert abs(total["latency_ms"][name] - truth) <= truth * ERROR_BOUND + 0.1
+            truth = ttft[math.ceil(q * len(ttft)) - 1]
+            assert abs(total["ttft_ms"][name] - truth) <= truth * ERROR_BOUND + 0.1
+        one_key = await store.summary(SummaryQuery(key="key1", group_by="model"))
+        assert sum(r["requests"] for r in one_key) == sum(1 for i in range(700) if i % 3 == 1)
+    finally:
+        await store.aclose()
+
+
+async def test_a_store_from_before_the_all_keys_rollups_gets_them_filled(
+    store_url: str,
+) -> None:
+    """Opening a store written before the all-keys rollups existed (its schema at version 1)
+    creates them from the keyed rollups, so every summary reads as before."""
+    store = await UsageStore.open(store_url)
+    try:
+        await store.insert(_varied(400))
+        before = [
+            await store.summary(SummaryQuery(group_by=g, interval=i))
+            for g in ("model", "key,model", "")
+            for i in ("day", "hour", None)
+        ]
+        for statement in (
+            "DROP TABLE usage_hour_all_keys",
+            "DROP TABLE usage_day_all_keys",
+            "DELETE FROM usage_schema WHERE version = 2",
+        ):
+            await store.run(statement)
+    finally:
+        await store.aclose()
+    store = await UsageStore.open(store_url)
+    try:
+        after = [
+            await store.summary(SummaryQuery(group_by=g, interval=i))
+            for g in ("model", "key,model", "")
+            for i in ("day", "hour", None)
+        ]
+        assert after == before
+    finally:
+        await store.aclose()
+
+
 async def test_records_page_newest_first_and_export_everything(store_url: str) -> None:
     store = await UsageStore.open(store_url)
     try:
