@@ -80,7 +80,7 @@ def period_series(view: View, rows: list[dict[str, Any]], fields: dict[str, Any]
     return {"x": x, "series": [{"label": k, "values": v} for k, v in series.items()]}
 
 
-BREAKDOWN = ("thinking", "route", "key", "model")
+BREAKDOWN = ("thinking", "route", "model")
 
 
 def _totals(rows: list[dict[str, Any]], dimension: str) -> list[dict[str, Any]]:
@@ -120,14 +120,17 @@ async def overview(request: web.Request) -> web.Response:
     except ViewError as exc:
         return page(request, "error.jinja", status=400, message=str(exc))
     summaries = request.app[SUMMARIES]
-    # The plots' query, and one query for the shares and the top lists (the range's totals by
-    # key, model, thinking and route, added up per dimension here), side by side on the
-    # store's reader connections.
-    series_rows, breakdown = await asyncio.gather(
+    # The plots' query, one for the shares and the top models (the range's totals by model,
+    # thinking and route, added up per dimension here) and one for the top keys, side by side
+    # on the store's reader connections. Without a key filter the first two read the all-keys
+    # rollups, which are a small fraction of the keyed ones.
+    series_rows, mix, by_key = await asyncio.gather(
         summaries.summary(store, view.summary(interval=True, latency=True)),
-        summaries.summary(store, view.summary(interval=False, group_by="key,model,thinking,route")),
+        summaries.summary(store, view.summary(interval=False, group_by="model,thinking,route")),
+        summaries.summary(store, view.summary(interval=False, group_by="key")),
     )
-    thinking, route, keys, models = (_totals(breakdown, d) for d in BREAKDOWN)
+    thinking, route, models = (_totals(mix, d) for d in BREAKDOWN)
+    keys = _totals(by_key, "key")
     totals: dict[str, Any] = defaultdict(int)
     for row in series_rows:
         for name in (

@@ -82,6 +82,12 @@ async def test_key_lifecycle_and_usage_pages(
         assert "No requests." in later and 'value="2999-01-01T00:00"' in later
         _, _, overview, _ = await console.request("GET", f"/admin/ui/overview?range=24h&key={key}")
         assert 'data-plot="plot-requests"' in overview and '"requests"' in overview
+        # over all keys: top keys from the keyed rollups, top models and shares from the
+        # all-keys ones
+        _, _, everyone, _ = await console.request("GET", "/admin/ui/overview?range=24h")
+        assert f'<a href="/admin/ui/keys/{key}">console-made</a></td><td>1</td>' in everyone
+        assert "<td>echo-model</td><td>1</td>" in everyone
+        assert 'aria-label="upstream share"' in everyone
         _, _, keys_page, _ = await console.request("GET", f"/admin/ui/keys?q={key}")
         assert "<meter" in keys_page and "never" not in keys_page
 
