@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -89,33 +89,50 @@ _TOKENS = tuple(
 )
 
 
+Grain = tuple[int, tuple[str, ...], int]  # bucket seconds, dimensions, ADDED columns kept
+
+
 def rollups(
     rows: Iterable[Mapping[str, Any]], bucket_s: int, dims: tuple[str, ...] = DIMENSIONS
 ) -> list[list[Any]]:
     """Rollup increments of `rows` in buckets of `bucket_s` seconds by the dimensions `dims`,
     each a list of values in the order of `bucket`, `dims`, `ADDED` (`ROLLUP_COLUMNS` for every
     dimension), sorted by primary key (so that concurrent writers lock rows in one order)."""
-    width = len(ADDED)
-    sums: dict[tuple[Any, ...], list[Any]] = {}  # each group's ADDED values
+    return rollups_at(rows, [(bucket_s, dims, len(ADDED))])[0]
+
+
+def rollups_at(rows: Iterable[Mapping[str, Any]], grains: Sequence[Grain]) -> list[list[list[Any]]]:
+    """`rollups` of `rows` at several grains in one pass over them: per grain (bucket seconds,
+    dimensions, how many of the leading ADDED columns: all, or the totals without the
+    histograms) its increments in the order of `bucket`, the dimensions, those columns."""
+    tables: list[dict[tuple[Any, ...], list[Any]]] = [{} for _ in grains]
     for row in rows:
-        pk = (row["ts_ms"] // 1000 // bucket_s * bucket_s, *(row[d] for d in dims))
-        group = sums.get(pk)
-        if group is None:
-            group = sums[pk] = [0] * width
-            group[_COST] = group[_LAT_SUM] = group[_TTFT_SUM] = 0.0
-        group[_REQUESTS] += 1
-        group[_ERRORS] += failed(row)
-        for name, at in _TOKENS:
-            group[at] += row[name]
-        group[_COST] += row["cost"]
-        group[_LAT_SUM] += row["latency_ms"]
-        group[_LAT0 + bucket_of(row["latency_ms"])] += 1
-        ttft = row["ttft_ms"]
-        if ttft is not None:
-            group[_TTFT_COUNT] += 1
-            group[_TTFT_SUM] += ttft
-            group[_TTFT0 + bucket_of(ttft)] += 1
-    return [[*pk, *sums[pk]] for pk in sorted(sums)]
+        second = row["ts_ms"] // 1000
+        error = failed(row)
+        tokens = [(at, row[name]) for name, at in _TOKENS]
+        cost, latency, ttft = row["cost"], row["latency_ms"], row["ttft_ms"]
+        latency_at = _LAT0 + bucket_of(latency)
+        ttft_at = -1 if ttft is None else _TTFT0 + bucket_of(ttft)
+        for (bucket_s, dims, width), groups in zip(grains, tables, strict=True):
+            pk = (second // bucket_s * bucket_s, *[row[d] for d in dims])
+            group = groups.get(pk)
+            if group is None:
+                group = groups[pk] = [0] * width
+                group[_COST] = group[_LAT_SUM] = group[_TTFT_SUM] = 0.0
+            group[_REQUESTS] += 1
+            group[_ERRORS] += error
+            for at, n in tokens:
+                group[at] += n
+            group[_COST] += cost
+            group[_LAT_SUM] += latency
+            if width > _LAT0:
+                group[latency_at] += 1
+            if ttft is not None:
+                group[_TTFT_COUNT] += 1
+                group[_TTFT_SUM] += ttft
+                if width > _LAT0:
+                    group[ttft_at] += 1
+    return [[[*pk, *groups[pk]] for pk in sorted(groups)] for groups in tables]
 
 
 def coarser(

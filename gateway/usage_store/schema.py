@@ -8,6 +8,9 @@ and the latency histograms (`sketch.py`) add column by column.
 `usage_hour_all_keys` and `usage_day_all_keys`: the same with every key together (all the
 dimensions but the key): what a summary that neither groups nor filters by key reads, its size
 growing with models and periods, not with keys.
+`usage_day_key_model`: per day, key and model, the counters and sums without the histograms,
+keyed (key, model, day) so that totals per key or per key and model over a range are read in
+key order: what a summary by key and model without percentiles reads.
 `usage_schema`: the versions applied.
 """
 
@@ -24,6 +27,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     func,
@@ -33,6 +37,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.schema import SchemaItem
 
 from gateway.usage_store.sketch import BUCKETS
+from plumbing.record import record
 
 metadata = MetaData()
 
@@ -100,37 +105,50 @@ _DIMENSION_TYPES: dict[str, Any] = {
 }
 
 
-def _rollup(name: str, dims: tuple[str, ...]) -> Table:
+TOTALS = COUNTERS + SUMS  # the rollup columns without the histograms (a prefix of ADDED)
+
+
+def _rollup(
+    name: str, dims: tuple[str, ...], added: tuple[str, ...] = ADDED, key_first: bool = False
+) -> Table:
+    """A rollup table: primary key (bucket, *dims), or with `key_first` (*dims, bucket) and no
+    rowid on SQLite (rows stored in that order); the `added` columns."""
     keyed: list[SchemaItem] = [Column(d, _DIMENSION_TYPES[d], primary_key=True) for d in dims]
-    counters: list[SchemaItem] = [
-        Column(c, BigInteger, nullable=False, default=0) for c in COUNTERS
+    columns: list[SchemaItem] = [
+        Column(c, BigInteger, nullable=False, default=0)
+        if c in COUNTERS
+        else Column(c, Float, nullable=False, default=0.0)
+        if c in SUMS
+        else Column(c, Integer, nullable=False, default=0)
+        for c in added
     ]
-    sums: list[SchemaItem] = [Column(c, Float, nullable=False, default=0.0) for c in SUMS]
-    sketches: list[SchemaItem] = [
-        Column(c, Integer, nullable=False, default=0) for c in LATENCY + TTFT
-    ]
+    bucket = Column("bucket", BigInteger, primary_key=True)
+    if key_first:
+        key = PrimaryKeyConstraint(*dims, "bucket")
+        return Table(name, metadata, *keyed, bucket, *columns, key, sqlite_with_rowid=False)
     indexes = [Index(f"{name}_key_bucket", "key_id", "bucket")] if "key_id" in dims else []
-    return Table(
-        name,
-        metadata,
-        Column("bucket", BigInteger, primary_key=True),
-        *keyed,
-        *counters,
-        *sums,
-        *sketches,
-        *indexes,
-    )
+    return Table(name, metadata, bucket, *keyed, *columns, *indexes)
 
 
+@record
+class Rollup:
+    bucket_s: int
+    dims: tuple[str, ...]
+    added: tuple[str, ...]
+
+
+KEY_MODEL = ("key_id", "model")
 hourly = _rollup("usage_hour", DIMENSIONS)
 daily = _rollup("usage_day", DIMENSIONS)
 hourly_all_keys = _rollup("usage_hour_all_keys", ALL_KEYS)
 daily_all_keys = _rollup("usage_day_all_keys", ALL_KEYS)
-ROLLUPS = {  # each rollup table: its bucket in seconds and its dimensions
-    hourly: (3600, DIMENSIONS),
-    daily: (86_400, DIMENSIONS),
-    hourly_all_keys: (3600, ALL_KEYS),
-    daily_all_keys: (86_400, ALL_KEYS),
+daily_key_model = _rollup("usage_day_key_model", KEY_MODEL, TOTALS, key_first=True)
+ROLLUPS = {
+    hourly: Rollup(3600, DIMENSIONS, ADDED),
+    daily: Rollup(86_400, DIMENSIONS, ADDED),
+    hourly_all_keys: Rollup(3600, ALL_KEYS, ADDED),
+    daily_all_keys: Rollup(86_400, ALL_KEYS, ADDED),
+    daily_key_model: Rollup(86_400, KEY_MODEL, TOTALS),
 }
 
 
@@ -140,14 +158,19 @@ def _v1(conn: Connection) -> None:
 
 
 def _v2(conn: Connection) -> None:
-    """The all-keys rollups, filled from the keyed ones."""
-    for table, source in ((hourly_all_keys, hourly), (daily_all_keys, daily)):
+    """The all-keys rollups and the key x model totals, filled from the keyed rollups."""
+    for table, source in (
+        (hourly_all_keys, hourly),
+        (daily_all_keys, daily),
+        (daily_key_model, daily),
+    ):
         table.create(conn, checkfirst=True)
-        groups = [source.c.bucket, *(source.c[d] for d in ALL_KEYS)]
-        sums = [func.sum(source.c[c]).label(c) for c in ADDED]
+        shape = ROLLUPS[table]
+        groups = [source.c.bucket, *(source.c[d] for d in shape.dims)]
+        sums = [func.sum(source.c[c]).label(c) for c in shape.added]
         conn.execute(
             insert(table).from_select(
-                ["bucket", *ALL_KEYS, *ADDED], select(*groups, *sums).group_by(*groups)
+                ["bucket", *shape.dims, *shape.added], select(*groups, *sums).group_by(*groups)
             )
         )
 

@@ -4,7 +4,9 @@
     the rows it had not stored before to the hourly and daily rollups (keyed and all-keys);
     returns how many were new. Safe to run from any number of processes at once.
   - `summary`, `records`, `export`: the admin API's reads; every summary is one query on a
-    rollup table: the all-keys one when the summary neither groups nor filters by key.
+    rollup table, the narrowest that answers it: the all-keys one when the summary neither
+    groups nor filters by key, the key x model totals for one by key and model without
+    percentiles, else the keyed one.
   - `purge(now_s)`: retention (raw rows after `retention_days`, rollups after
     `rollup_retention_days`).
 The schema is migrated at `open` (under a lock: PostgreSQL's advisory lock, SQLite's write lock).
@@ -15,6 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
+from itertools import chain
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +42,18 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from gateway.usage_store.queries import COLUMN, ExportQuery, Filters, RecordsQuery, SummaryQuery
-from gateway.usage_store.rows import DAY_S, HOUR_S, coarser, rollups
+from gateway.usage_store.rows import DAY_S, HOUR_S, Grain, coarser, rollups_at
 from gateway.usage_store.schema import (
-    ADDED,
     ALL_KEYS,
     COUNTERS,
+    KEY_MODEL,
     LATENCY,
     ROLLUPS,
     SUMS,
     TTFT,
     daily,
     daily_all_keys,
+    daily_key_model,
     hourly,
     hourly_all_keys,
     migrate,
@@ -60,6 +65,13 @@ from gateway.usage_store.sketch import quantiles
 RECORD_COLUMNS = tuple(c.name for c in records.columns)
 CSV_COLUMNS = ("created_at", *RECORD_COLUMNS)  # the export's: the settlement moment first
 _MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
+# What an insert rolls up from its rows in one pass (the daily rollups with every dimension are
+# folded from the hourly ones): the keyed and all-keys hours, the key x model days' totals.
+_GRAINS: tuple[Grain, ...] = (
+    (HOUR_S, ROLLUPS[hourly].dims, len(ROLLUPS[hourly].added)),
+    (HOUR_S, ROLLUPS[hourly_all_keys].dims, len(ROLLUPS[hourly_all_keys].added)),
+    (DAY_S, ROLLUPS[daily_key_model].dims, len(ROLLUPS[daily_key_model].added)),
+)
 
 
 def _sqlite_engines(url: str) -> tuple[AsyncEngine, AsyncEngine]:
@@ -131,14 +143,13 @@ class UsageStore:
             new = await self._sql.insert_records(conn, unique)
             fresh = [row for row in unique if row["record_id"] in new]
             if fresh:
-                hours = rollups(fresh, HOUR_S)
+                hours, all_hours, key_model = rollups_at(fresh, _GRAINS)
                 await self._sql.add_rollups(conn, hourly, hours)
                 await self._sql.add_rollups(conn, daily, coarser(hours, DAY_S))
-                # from the rows again: a row adds a few values, an hourly increment all of them
-                all_hours = rollups(fresh, HOUR_S, ALL_KEYS)
                 await self._sql.add_rollups(conn, hourly_all_keys, all_hours)
                 all_days = coarser(all_hours, DAY_S, ALL_KEYS, ALL_KEYS)
                 await self._sql.add_rollups(conn, daily_all_keys, all_days)
+                await self._sql.add_rollups(conn, daily_key_model, key_model)
         return len(fresh)
 
     async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
@@ -165,7 +176,7 @@ class UsageStore:
         if q.start is not None:
             start = int(q.start.timestamp())
             if table is not records:
-                start -= start % ROLLUPS[table][0]  # the bucket holding it
+                start -= start % ROLLUPS[table].bucket_s  # the bucket holding it
             conditions.append(time_column >= start * scale)
         if q.end is not None:
             conditions.append(time_column < int(q.end.timestamp()) * scale)
@@ -181,11 +192,7 @@ class UsageStore:
         """Totals per group (and per period with `interval`), from one rollup query."""
         day_aligned = all(t is None or int(t.timestamp()) % DAY_S == 0 for t in (q.start, q.end))
         dims = q.dimensions()
-        by_key = "key" in dims or q.key is not None
-        if q.interval == "hour" or not day_aligned:
-            table = hourly if by_key else hourly_all_keys
-        else:
-            table = daily if by_key else daily_all_keys
+        table = _rollup_for({COLUMN[d] for d in dims} | set(q.equalities()), q, day_aligned)
         columns: list[ColumnElement[Any]] = []
         if q.interval == "month":
             columns.append(self._month(table).label("period"))
@@ -328,6 +335,7 @@ class UsageStore:
             await conn.execute(text(statement))
 
 
+_record_values = itemgetter(*RECORD_COLUMNS)  # a row's values in the order of RECORD_COLUMNS
 _PG_TYPES = ((BigInteger, "bigint"), (Integer, "integer"), (Float, "float8"), (String, "text"))
 
 
@@ -358,11 +366,11 @@ class _FastSQL:
             self._records_one = one
             self._records_tail = f" {conflict}"
         self._rollups = {}
-        for table, (_, dims) in ROLLUPS.items():
-            columns = ("bucket", *dims, *ADDED)
+        for table, shape in ROLLUPS.items():
+            columns = ("bucket", *shape.dims, *shape.added)
             cols = ", ".join(columns)
-            keys = ", ".join(("bucket", *dims))
-            sets = ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in ADDED)
+            keys = ", ".join(("bucket", *shape.dims))
+            sets = ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in shape.added)
             if dialect == "postgresql":
                 arrays = ", ".join(
                     f"${i}::{_pg_type(table, c)}[]" for i, c in enumerate(columns, 1)
@@ -380,7 +388,7 @@ class _FastSQL:
     ) -> set[str]:
         """Insert rows not stored yet; the ids of those inserted."""
         if self.dialect == "postgresql":
-            columns = tuple([row[c] for row in rows] for c in RECORD_COLUMNS)
+            columns = tuple(map(list, zip(*map(_record_values, rows), strict=True)))
             result = await conn.exec_driver_sql(self._records, columns)
             return {row[0] for row in result}
         new: set[str] = set()
@@ -388,7 +396,7 @@ class _FastSQL:
         for start in range(0, len(rows), per):
             part = rows[start : start + per]
             sql = self._records_head + ", ".join([self._records_one] * len(part))
-            params = tuple(row[c] for row in part for c in RECORD_COLUMNS)
+            params = tuple(chain.from_iterable(map(_record_values, part)))
             result = await conn.exec_driver_sql(sql + self._records_tail, params)
             new.update(row[0] for row in result)
         return new
@@ -403,6 +411,17 @@ class _FastSQL:
             await conn.exec_driver_sql(sql, columns)
         else:
             await conn.exec_driver_sql(sql, [tuple(row) for row in increments])
+
+
+def _rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
+    """The narrowest rollup that answers a summary over `columns` (grouped or filtered)."""
+    if q.interval == "hour" or not day_aligned:
+        return hourly if "key_id" in columns else hourly_all_keys
+    if "key_id" not in columns:
+        return daily_all_keys
+    if columns <= set(KEY_MODEL) and not q.latency:
+        return daily_key_model
+    return daily
 
 
 def _period(value: Any, interval: str | None) -> str | None:

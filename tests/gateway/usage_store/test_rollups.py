@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from gateway.usage_store.rows import DAY_S, HOUR_S, coarser, rollups, row_of
-from gateway.usage_store.schema import ALL_KEYS
+from gateway.usage_store.rows import DAY_S, HOUR_S, coarser, rollups, rollups_at, row_of
+from gateway.usage_store.schema import ADDED, ALL_KEYS, DIMENSIONS, KEY_MODEL, TOTALS
 from gateway.usage_store.sketch import BUCKETS, quantile, quantiles
 
 
@@ -59,6 +59,20 @@ def test_the_all_keys_rollups_fold_from_the_keyed_ones(seed: int) -> None:
         assert folded == [pytest.approx(r) for r in direct]
         assert rollups(rows, bucket_s, ALL_KEYS) == [pytest.approx(r) for r in direct]
         assert sum(r[7] for r in folded) == 500  # requests
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_one_pass_at_several_grains_reads_as_one_pass_each(seed: int) -> None:
+    """Rolled up in one pass at several grains, each grain's increments are what a pass of its
+    own makes; a grain without the histograms keeps the leading totals."""
+    rows = _rows(500, seed)
+    grains = [(HOUR_S, DIMENSIONS, len(ADDED)), (HOUR_S, ALL_KEYS, len(ADDED)),
+              (DAY_S, KEY_MODEL, len(TOTALS))]  # fmt: skip
+    hours, all_hours, key_model = rollups_at(rows, grains)
+    assert hours == rollups(rows, HOUR_S)
+    assert all_hours == rollups(rows, HOUR_S, ALL_KEYS)
+    width = 1 + len(KEY_MODEL) + len(TOTALS)
+    assert key_model == [r[:width] for r in rollups(rows, DAY_S, KEY_MODEL)]
 
 
 @pytest.mark.parametrize("seed", range(50))

@@ -153,22 +153,56 @@ async def test_summaries_without_the_key_read_what_the_keyed_rollups_add_up_to(
         await store.aclose()
 
 
-async def test_a_store_from_before_the_all_keys_rollups_gets_them_filled(
+async def test_summaries_by_key_and_model_without_percentiles_read_as_with_them(
     store_url: str,
 ) -> None:
-    """Opening a store written before the all-keys rollups existed (its schema at version 1)
-    creates them from the keyed rollups, so every summary reads as before."""
+    """A summary by key and/or model without percentiles reads the key x model totals: the same
+    counters as the keyed rollups (read with percentiles), per day, month and range."""
+    store = await UsageStore.open(store_url)
+    try:
+        batch = _varied(700)
+        await store.insert(batch[:500])
+        await store.insert(batch[250:])
+        start = datetime.fromtimestamp(DAY0, UTC)
+        counters = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens",
+                    "reasoning_tokens", "cache_hit_rate", "cost")  # fmt: skip
+        for group_by, key in (("key,model", None), ("key", None), ("model", "key2"), ("", "key0")):
+            for interval in ("day", "month", None):
+                window = {"interval": interval, "start": start, "end": start + timedelta(days=4)}
+                lean = await store.summary(
+                    SummaryQuery(group_by=group_by, key=key, latency=False, **window)
+                )
+                full = await store.summary(SummaryQuery(group_by=group_by, key=key, **window))
+                assert lean and len(lean) == len(full)
+                for a, b in zip(lean, full, strict=True):
+                    assert "latency_ms" not in a
+                    assert {k: a[k] for k in counters} == pytest.approx({k: b[k] for k in counters})
+                    assert [a.get(d) for d in ("period", "key", "model")] == [
+                        b.get(d) for d in ("period", "key", "model")
+                    ]
+    finally:
+        await store.aclose()
+
+
+async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
+    store_url: str,
+) -> None:
+    """Opening a store written before the all-keys rollups and the key x model totals existed
+    (its schema at version 1) creates them from the keyed rollups, so every summary reads as
+    before."""
     store = await UsageStore.open(store_url)
     try:
         await store.insert(_varied(400))
         before = [
-            await store.summary(SummaryQuery(group_by=g, interval=i))
+            await store.summary(SummaryQuery(group_by=g, interval=i, latency=p))
             for g in ("model", "key,model", "")
             for i in ("day", "hour", None)
+            for p in (True, False)
         ]
         for statement in (
             "DROP TABLE usage_hour_all_keys",
             "DROP TABLE usage_day_all_keys",
+            "DROP TABLE usage_day_key_model",
             "DELETE FROM usage_schema WHERE version = 2",
         ):
             await store.run(statement)
@@ -177,9 +211,10 @@ async def test_a_store_from_before_the_all_keys_rollups_gets_them_filled(
     store = await UsageStore.open(store_url)
     try:
         after = [
-            await store.summary(SummaryQuery(group_by=g, interval=i))
+            await store.summary(SummaryQuery(group_by=g, interval=i, latency=p))
             for g in ("model", "key,model", "")
             for i in ("day", "hour", None)
+            for p in (True, False)
         ]
         assert after == before
     finally:
