@@ -38,6 +38,14 @@ _MAX_RETRY_S = 30.0
 _FORGET_IDLE_MS = 86_400_000
 
 
+def _text(fields: dict[Any, Any]) -> dict[str, str]:
+    """An entry's fields as text, however the client returns replies (bytes that are not UTF-8
+    read as U+FFFD: no entry can stop the consumer)."""
+    if not fields or not isinstance(next(iter(fields)), bytes):
+        return fields
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in fields.items()}
+
+
 def _next_id(entry_id: str) -> str:
     ms, _, seq = entry_id.partition("-")
     return f"{ms}-{int(seq or 0) + 1}"
@@ -121,10 +129,7 @@ class UsageConsumer:
         return [(entry_id, fields) for entry_id, fields in entries if fields]
 
     async def _store_and_ack(self, entries: Sequence[Entry]) -> None:
-        rows = [
-            row_of(text(entry_id), {text(k): text(v) for k, v in fields.items()}, self._local)
-            for entry_id, fields in entries
-        ]
+        rows = [row_of(text(entry_id), _text(fields), self._local) for entry_id, fields in entries]
         self.stored += await self._store.insert(rows)
         await self._redis.xack(self.stream, self.group, *(entry_id for entry_id, _ in entries))
         await self.trim()

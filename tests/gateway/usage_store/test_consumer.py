@@ -93,6 +93,27 @@ async def test_stores_acks_and_trims_only_what_is_stored(
         await redis.delete(stream)
 
 
+async def test_an_entry_that_is_not_utf8_is_stored_not_stuck(
+    store_url: str, redis: Redis, stream: str
+) -> None:
+    """Bytes that are not UTF-8 in an entry (written by anything but the gateway) read as
+    U+FFFD: the entry is stored and the stream moves on."""
+    store = await UsageStore.open(store_url)
+    try:
+        fields = {**stream_fields(0, time.time()), "model": "m\udcff"}
+        raw = {k: v.encode("utf-8", "surrogateescape") for k, v in fields.items()}
+        added = [text(await redis.xadd(stream, raw)), *await add(redis, stream, 3, first=1)]
+        c = consumer(redis, store, stream)
+        await c.ensure_group()
+        assert await c.step() == 4
+        await reconcile(store, added)
+        models = await store.summary(SummaryQuery(group_by="model", latency=False))
+        assert {r["model"] for r in models} == {"m\ufffd", "model0", "model1"}
+    finally:
+        await store.aclose()
+        await redis.delete(stream)
+
+
 async def test_a_crash_between_commit_and_ack_stores_nothing_twice(
     tmp_path: Path, redis: Redis, stream: str
 ) -> None:
