@@ -37,6 +37,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    union_all,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -309,6 +310,25 @@ class UsageStore:
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         columns = self._csv_line() if lines else ", ".join(RECORD_COLUMNS)
         return f"SELECT {columns} FROM usage_records{where} ORDER BY ts_ms, record_id", params
+
+    async def last_use(self, key_ids: Sequence[str]) -> dict[str, int]:
+        """Each key's latest record's time (epoch ms), for the keys that have one: one
+        statement of one indexed lookup per key."""
+        if not key_ids:
+            return {}
+        latest = [
+            select(
+                literal(key_id, String).label("key_id"),
+                select(func.max(records.c.ts_ms))
+                .where(records.c.key_id == key_id)
+                .scalar_subquery()
+                .label("ts_ms"),
+            )
+            for key_id in dict.fromkeys(key_ids)
+        ]
+        async with self._reader.connect() as conn:
+            found = (await conn.execute(union_all(*latest))).all()
+        return {key_id: int(ts) for key_id, ts in found if ts is not None}
 
     async def count(self) -> int:
         async with self._reader.connect() as conn:

@@ -4,7 +4,6 @@ the admin API's own key store (`KeyStore`) and the usage store's functions."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,18 +75,6 @@ async def _budget_used(
     return used
 
 
-async def _last_use(store: UsageStore, records: list[KeyRecord]) -> dict[str, int]:
-    """Each key's latest record's time (epoch ms): one indexed lookup per key shown, run
-    side by side on the store's reader connections."""
-
-    async def latest(key_id: str) -> int | None:
-        rows, _ = await store.records(RecordsQuery(key=key_id, limit=1))
-        return int(rows[0]["ts_ms"]) if rows else None
-
-    found = await asyncio.gather(*(latest(r.id) for r in records))
-    return {r.id: ts for r, ts in zip(records, found, strict=True) if ts is not None}
-
-
 async def list_keys(
     request: web.Request, *, error: str | None = None, status: int = 200
 ) -> web.Response:
@@ -105,7 +92,7 @@ async def list_keys(
     shown = records[(number - 1) * PAGE_SIZE : number * PAGE_SIZE]
     store: UsageStore | None = request.config_dict.get(USAGE_STORE)
     used = await _budget_used(request.app[SUMMARIES], store, shown, now) if store else {}
-    last = await _last_use(store, shown) if store else {}
+    last = await store.last_use([r.id for r in shown]) if store else {}
     rows = [
         {
             "record": r,

@@ -221,6 +221,19 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
         await store.aclose()
 
 
+async def test_last_use_is_each_keys_latest_record(store_url: str) -> None:
+    store = await UsageStore.open(store_url)
+    try:
+        assert await store.last_use([]) == {}
+        batch = rows(30)  # key{i % 3}, 10 minutes apart
+        await store.insert(batch)
+        latest = {f"key{k}": max(int(r["ts_ms"]) for r in batch if r["key_id"] == f"key{k}")
+                  for k in range(2)}  # fmt: skip
+        assert await store.last_use(["key0", "key1", "key0", "nobody"]) == latest
+    finally:
+        await store.aclose()
+
+
 async def test_records_page_newest_first_and_export_everything(store_url: str) -> None:
     store = await UsageStore.open(store_url)
     try:
