@@ -31,7 +31,7 @@ from gateway.config.routing import RoutingSettings
 from gateway.config.settings import RoutingMode
 from gateway.errors import PermissionDenied
 from gateway.routing.aliases import Route
-from gateway.routing.ask import turn_of
+from gateway.routing.ask import Ask, turn_of
 from gateway.routing.judge import Judge, Verdict
 from gateway.routing.local_first import LoadChoice, LocalFirst
 from gateway.routing.policy import KeyPolicy
@@ -50,6 +50,7 @@ class RoutingInput:
     policy: KeyPolicy
     key_id: str
     prompt_tokens: int  # the prepared prompt's (exact where a route prepared it)
+    ask: Ask | None = None  # the judge's ask, where it was read with the prompt's preparation
 
 
 @record
@@ -93,6 +94,11 @@ class Decider:
 
     def is_local(self, route: Route) -> bool:
         return route.provider_name in self._local
+
+    def reads_ask(self, mode: RoutingMode, policy: KeyPolicy, request: ChatRequest) -> bool:
+        """Whether `decide` will run the judge on the request (so its ask may be read ahead,
+        with the prompt's preparation)."""
+        return _model_decides(mode, policy, request.thinking)
 
     def recall(
         self,
@@ -157,13 +163,13 @@ class Decider:
         sticky = self._stickiness
         conversation = conversation_id(inp.key_id, inp.public_model, request)
         if sticky is None or conversation is None:
-            return self.judge.judge(request, inp.protocol, inp.prompt_tokens)
+            return self.judge.judge(request, inp.protocol, inp.prompt_tokens, ask=inp.ask)
         mode: bool | None = None
         if recalled is not None:
             mode = await recalled
         elif turn_of(request) != "new":
             mode = await sticky.mode(conversation)
-        verdict = self.judge.judge(request, inp.protocol, inp.prompt_tokens, mode)
+        verdict = self.judge.judge(request, inp.protocol, inp.prompt_tokens, mode, inp.ask)
         if verdict.reason != "sticky" and verdict.thinking != mode:
             sticky.remember(conversation, verdict.thinking)  # in the background
         return verdict

@@ -40,8 +40,11 @@ class Judge:
         protocol: str,
         prompt_tokens: int,
         conversation_mode: bool | None = None,
+        ask: Ask | None = None,
     ) -> Verdict:
-        ask = ask_of(request)
+        """`ask`: `ask_of(request)` where it was read already (off the event loop, with the
+        prompt's tokenization)."""
+        ask = ask_of(request) if ask is None else ask
         ruled = self._rule(request, protocol, prompt_tokens, ask, conversation_mode)
         if ruled is not None:
             return ruled

@@ -4,7 +4,8 @@
 default model), checks the key may use it, starts reading the conversation's stored mode where
 the decision will need it, prepares the prompt off the event loop meanwhile where a route's
 provider prepares prompts (the local engine: the ids and their block hashes then travel with the
-request to the router, admission, the engine and usage; nothing tokenizes or hashes it again),
+request to the router, admission, the engine and usage; nothing tokenizes or hashes it again;
+where the decision will run the judge, its reading of the ask rides the same worker thread),
 and asks the router seam for a decision. A fill-in-the-middle request keeps only the routes whose
 provider can serve it.
 """
@@ -19,6 +20,7 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.observability.metrics import Metrics
 from gateway.pipeline.prompt_estimates import prompt_tokens
 from gateway.routing.aliases import Route, Router
+from gateway.routing.ask import Ask, ask_of
 from gateway.routing.decide import Decider, Decision, RoutingInput
 from gateway.routing.explain import on_off
 from providers.types import ChatRequest
@@ -58,7 +60,8 @@ class RoutePlanner:
         mode = self.router.mode(public_model)
         policy, key_id = principal.policy, principal.key_id
         recalled = self.decider.recall(chat, public_model, mode, policy, key_id)
-        chat = await self._prepare(chat, routes, principal)
+        reads_ask = self.decider.reads_ask(mode, policy, chat)
+        chat, ask = await self._prepare(chat, routes, principal, reads_ask)
         decision = await self.decider.decide(
             RoutingInput(
                 request=chat,
@@ -69,6 +72,7 @@ class RoutePlanner:
                 policy=policy,
                 key_id=key_id,
                 prompt_tokens=prompt_tokens(chat),
+                ask=ask,
             ),
             recalled,
         )
@@ -104,11 +108,18 @@ class RoutePlanner:
             return default, self.router.resolve(default)
 
     async def _prepare(
-        self, chat: ChatRequest, routes: tuple[Route, ...], principal: Principal
-    ) -> ChatRequest:
+        self, chat: ChatRequest, routes: tuple[Route, ...], principal: Principal, reads_ask: bool
+    ) -> tuple[ChatRequest, Ask | None]:
+        """The request with its prompt prepared by the first route that prepares prompts (and,
+        with `reads_ask`, the judge's ask read in the same worker thread)."""
         for route in routes:
-            prepare = getattr(route.provider, "prepare", None)
+            provider = route.provider
+            prepare = getattr(provider, "prepare", None)
             if prepare is None or not principal.policy.may_use(self.decider.is_local(route)):
                 continue
-            return replace(chat, prepared=await prepare(chat))  # may raise ProviderError
-        return chat
+            prepare_with = getattr(provider, "prepare_with", None) if reads_ask else None
+            if prepare_with is not None:
+                prepared, ask = await prepare_with(chat, ask_of)  # may raise ProviderError
+                return replace(chat, prepared=prepared), ask
+            return replace(chat, prepared=await prepare(chat)), None  # may raise ProviderError
+        return chat, None

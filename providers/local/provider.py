@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from backend.engine.block_hash import extend_chain, root_hash
 from backend.engine.interface import (
@@ -51,6 +51,8 @@ from providers.types import (
     Tool,
     Usage,
 )
+
+T = TypeVar("T")
 
 
 def _tool_dict(tool: Tool) -> dict[str, Any]:
@@ -110,6 +112,13 @@ class LocalProvider:
         """The request's prompt ids, tokenized off the event loop (a 60K-token prompt takes
         about 100 ms). Raises InvalidRequest for a request `chat` would refuse."""
         return await asyncio.to_thread(self._encode, request)
+
+    async def prepare_with(
+        self, request: ChatRequest, also: Callable[[ChatRequest], T]
+    ) -> tuple[PreparedPrompt, T]:
+        """`prepare`, and `also(request)` in the same worker thread: the router's own reading
+        of the request (the judge's ask) off the event loop without a second thread hop."""
+        return await asyncio.to_thread(lambda: (self._encode(request), also(request)))
 
     def load(self) -> ProviderLoad:
         waiting, running = self._engine.queue_counts()

@@ -24,11 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import structlog
@@ -43,6 +43,8 @@ from providers.errors import UpstreamUnavailable
 from providers.local.provider import LocalProvider
 from providers.local.remote_engine import SECRET_HEADER, RemoteEngine
 from providers.types import ChatRequest, EngineFit, Event, PreparedPrompt, ProviderLoad
+
+T = TypeVar("T")
 
 log = structlog.get_logger("providers.local.worker_engine")
 
@@ -209,6 +211,11 @@ class SharedLocalProvider:
 
     async def prepare(self, request: ChatRequest) -> PreparedPrompt:
         return await self._ready().prepare(request)
+
+    async def prepare_with(
+        self, request: ChatRequest, also: Callable[[ChatRequest], T]
+    ) -> tuple[PreparedPrompt, T]:
+        return await self._ready().prepare_with(request, also)
 
     def load(self) -> ProviderLoad | None:
         return self._local.load() if self._local is not None else None

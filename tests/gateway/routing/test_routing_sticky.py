@@ -5,6 +5,7 @@ before the prompt is prepared. Redis here is a stand-in whose replies wait for a
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,9 @@ from gateway.config.routing import RoutingSettings
 from gateway.config.settings import ModelSettings
 from gateway.observability.metrics import Metrics
 from gateway.routing.aliases import Route, Router
+from gateway.routing.ask import Ask, ask_of
 from gateway.routing.decide import Decider, RoutingInput
+from gateway.routing.judge import Judge, Verdict
 from gateway.routing.plan import RoutePlanner
 from gateway.routing.policy import KeyPolicy
 from gateway.routing.sticky import Stickiness, conversation_id
@@ -139,6 +142,57 @@ async def test_a_follow_up_reads_its_mode_while_the_prompt_is_prepared() -> None
     await planner.plan(principal, ChatRequest(model="m", messages=FIRST), "chat")
     await stickiness.drain()
     assert provider.seen == [] and redis.calls == ["set x1"]
+
+
+@dataclass
+class AskingPreparer(Preparer):
+    """A provider that prepares prompts in a worker thread, and runs what the router reads
+    alongside there (as LocalProvider.prepare_with does)."""
+
+    threads: list[int] = field(default_factory=list)
+
+    async def prepare_with(self, request: ChatRequest, also: Any) -> tuple[PreparedPrompt, Any]:
+        def both() -> tuple[PreparedPrompt, Any]:
+            self.threads.append(threading.get_ident())
+            return PreparedPrompt(self.name, [1, 2, 3], False, True, False, False), also(request)
+
+        return await asyncio.to_thread(both)
+
+
+class AskNotingJudge(Judge):
+    def __init__(self) -> None:
+        super().__init__(RoutingSettings())
+        self.asks: list[Ask | None] = []
+
+    def judge(self, *args: Any, **kwargs: Any) -> Verdict:
+        self.asks.append(kwargs.get("ask", args[4] if len(args) > 4 else None))
+        return super().judge(*args, **kwargs)
+
+
+async def test_the_judges_ask_is_read_off_the_loop_with_the_prompt() -> None:
+    """Where a route prepares the prompt in a worker thread and the judge will decide, the ask
+    is read there too, and the judge takes it as read; a model that does not judge reads none."""
+    redis = GatedRedis()
+    redis.gate.set()
+    provider = AskingPreparer(redis)
+    models = {
+        "m": ModelSettings(routing="auto", routes=[{"provider": "local", "model": "x"}]),
+        "fixed": ModelSettings(routes=[{"provider": "local", "model": "x"}]),
+    }
+    router = Router({"local": provider}, models)  # type: ignore[dict-item]
+    decider = Decider(RoutingSettings(), frozenset({"local"}), {}, sticky(redis))
+    judge = decider.judge = AskNotingJudge()
+    planner = RoutePlanner(router, decider, Metrics())
+    principal = Principal("k", "test")
+    chat = ChatRequest(model="m", messages=FIRST)
+    _, prepared, decision = await planner.plan(principal, chat, "chat")
+    assert prepared.prepared is not None
+    assert provider.threads and provider.threads[-1] != threading.get_ident()
+    assert judge.asks == [ask_of(chat)]
+    assert (decision.thinking, decision.reason) == (True, "rule:proof-request@1")
+    provider.threads.clear()
+    await planner.plan(principal, ChatRequest(model="fixed", messages=FIRST), "chat")
+    assert provider.threads == [] and judge.asks == [ask_of(chat)]  # prepared, not judged
 
 
 async def test_writes_of_one_loop_iteration_share_a_round_trip_and_failures_are_dropped() -> None:
