@@ -23,36 +23,9 @@ from backend.model.mla import (
 )
 from backend.model.model import DeepseekV3ForCausalLM
 from backend.model.rope import apply_rotary, correction_range, inv_frequencies
+from tests.support.plan import V31
 
-REAL_V31 = {
-    **demo_config("tiny"),
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_hidden_layers": 61,
-    "first_k_dense_replace": 3,
-    "num_attention_heads": 128,
-    "num_key_value_heads": 128,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "n_routed_experts": 256,
-    "num_experts_per_tok": 8,
-    "n_group": 8,
-    "topk_group": 4,
-    "max_position_embeddings": 163840,
-    "rope_scaling": {
-        "type": "yarn",
-        "factor": 40,
-        "original_max_position_embeddings": 4096,
-        "beta_fast": 32,
-        "beta_slow": 1,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-    },
-}
+REAL_V31 = {**demo_config("tiny"), **V31}  # the real sizes over the demo's other fields
 
 
 def test_real_model_derived_facts() -> None:

@@ -30,6 +30,7 @@ from testkit.gateway_app import REDIS_URL
 from testkit.mock_upstream import MockUpstream
 from tests.support.clock import Clock
 from tests.support.configured import configured_gateway
+from tests.support.limiter import limiter_access
 
 PRICES = UsageSettings(
     prices={"m": {"input": 1000.0, "output": 2000.0}},
@@ -44,21 +45,10 @@ def clock() -> Clock:
 
 @pytest.fixture
 async def access(redis: Redis, clock: Clock, tmp_path: Path) -> AsyncIterator[RedisAccessControl]:
-    prefix = f"test:{uuid.uuid4().hex}:"
-    access = RedisAccessControl(
-        redis,
-        prefix=prefix,
-        usage_stream_maxlen=3,
-        slot_lease_s=300,
-        spool_dir=tmp_path / "spool",
-        clock=clock,
-        pricing=Pricing(PRICES, frozenset()),
-    )
-    yield access
-    await access.aclose()
-    keys = [key async for key in redis.scan_iter(match=prefix + "*")]
-    if keys:
-        await redis.delete(*keys)
+    async with limiter_access(
+        redis, clock, tmp_path, pricing=Pricing(PRICES, frozenset())
+    ) as access:
+        yield access
 
 
 async def make_key(access: RedisAccessControl, **limits: object) -> Principal:

@@ -19,6 +19,7 @@ from gateway.keys.redis_access import RedisAccessControl
 from gateway.keys.usage import UsageReader
 from providers.types import Usage
 from tests.support.clock import START, Clock
+from tests.support.limiter import limiter_access
 
 
 @pytest.fixture
@@ -28,20 +29,8 @@ def clock() -> Clock:
 
 @pytest.fixture
 async def access(redis: Redis, clock: Clock, tmp_path: Path) -> AsyncIterator[RedisAccessControl]:
-    prefix = f"test:{uuid.uuid4().hex}:"
-    access = RedisAccessControl(
-        redis,
-        prefix=prefix,
-        usage_stream_maxlen=3,
-        slot_lease_s=300,
-        spool_dir=tmp_path / "spool",
-        clock=clock,
-    )
-    yield access
-    await access.aclose()
-    keys = [key async for key in redis.scan_iter(match=prefix + "*")]
-    if keys:
-        await redis.delete(*keys)
+    async with limiter_access(redis, clock, tmp_path) as access:
+        yield access
 
 
 async def make_key(access: RedisAccessControl, **limits: object) -> tuple[str, Principal]:
