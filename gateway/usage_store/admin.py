@@ -18,8 +18,9 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.errors import InvalidRequest, NotFound
 from gateway.resources import SETTINGS, USAGE_STORE
+from gateway.usage_store.export_sql import CSV_COLUMNS
 from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
-from gateway.usage_store.store import CSV_COLUMNS, UsageStore
+from gateway.usage_store.store import UsageStore
 
 Query = TypeVar("Query", bound=BaseModel)
 

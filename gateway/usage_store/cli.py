@@ -19,8 +19,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway.config.settings import Settings, load_settings
 from gateway.observability.logging import configure_logging
 from gateway.observability.redact import redact_text
+from gateway.usage_store.export_sql import CSV_COLUMNS
 from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
-from gateway.usage_store.store import CSV_COLUMNS, UsageStore
+from gateway.usage_store.store import UsageStore
 
 _FILTERS = ("key", "model", "provider", "route", "thinking", "status", "error_code", "start", "end")
 

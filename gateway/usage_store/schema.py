@@ -76,6 +76,8 @@ records = Table(
     Index("usage_records_ts", "ts_ms"),
     Index("usage_records_key_ts", "key_id", "ts_ms"),
 )
+# Columns a record listing and the CSV export show (all of a record's metadata).
+RECORD_COLUMNS = tuple(c.name for c in records.columns)
 
 DIMENSIONS = ("key_id", "model", "provider", "route", "thinking", "status", "error_code")
 ALL_KEYS = DIMENSIONS[1:]  # the dimensions of the all-keys rollups

@@ -16,17 +16,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import UTC, datetime
-from itertools import chain
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     ColumnElement,
-    Float,
-    Integer,
     String,
     Table,
     and_,
@@ -42,12 +36,13 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from gateway.usage_store.export_sql import export_sql
+from gateway.usage_store.insert_sql import InsertSQL
 from gateway.usage_store.queries import COLUMN, ExportQuery, Filters, RecordsQuery, SummaryQuery
 from gateway.usage_store.rows import DAY_S, HOUR_S, Grain, coarser, rollups_at
 from gateway.usage_store.schema import (
     ALL_KEYS,
     COUNTERS,
-    KEY_MODEL,
     LATENCY,
     ROLLUPS,
     SUMS,
@@ -60,11 +55,8 @@ from gateway.usage_store.schema import (
     migrate,
     records,
 )
-from gateway.usage_store.sketch import quantiles
+from gateway.usage_store.summary_rows import rollup_for, summary_row
 
-# Columns a record listing and the CSV export show (all of a record's metadata).
-RECORD_COLUMNS = tuple(c.name for c in records.columns)
-CSV_COLUMNS = ("created_at", *RECORD_COLUMNS)  # the export's: the settlement moment first
 _MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
 # What an insert rolls up from its rows in one pass (the daily rollups with every dimension are
 # folded from the hourly ones): the keyed and all-keys hours, the key x model days' totals.
@@ -106,7 +98,7 @@ class UsageStore:
     def __init__(self, writer: AsyncEngine, reader: AsyncEngine) -> None:
         self._writer, self._reader = writer, reader
         self.dialect = writer.dialect.name
-        self._sql = _FastSQL(self.dialect)
+        self._sql = InsertSQL(self.dialect)
 
     @classmethod
     async def open(cls, url: str) -> UsageStore:
@@ -193,7 +185,7 @@ class UsageStore:
         """Totals per group (and per period with `interval`), from one rollup query."""
         day_aligned = all(t is None or int(t.timestamp()) % DAY_S == 0 for t in (q.start, q.end))
         dims = q.dimensions()
-        table = _rollup_for({COLUMN[d] for d in dims} | set(q.equalities()), q, day_aligned)
+        table = rollup_for({COLUMN[d] for d in dims} | set(q.equalities()), q, day_aligned)
         columns: list[ColumnElement[Any]] = []
         if q.interval == "month":
             columns.append(self._month(table).label("period"))
@@ -213,7 +205,7 @@ class UsageStore:
         head = len(columns)  # then the sums, in the order of `added`
         at = {name: head + i for i, name in enumerate(added)}
         # (an aggregate without groups over no rows is one row of nulls)
-        return [_summary_row(row, at, q, dims) for row in found if row[at["requests"]] is not None]
+        return [summary_row(row, at, q, dims) for row in found if row[at["requests"]] is not None]
 
     async def records(self, q: RecordsQuery) -> tuple[list[dict[str, Any]], str | None]:
         """One page of records, newest first, and the cursor of the next page (None: last)."""
@@ -245,7 +237,7 @@ class UsageStore:
         """Every record of the query, oldest first, in chunks of tuples (`RECORD_COLUMNS`; with
         `lines`, 1-tuples of its CSV line), read through the driver's own cursor (a server-side
         one on PostgreSQL): any size, in bounded memory, without SQLAlchemy's work per row."""
-        sql, params = self._export_sql(q, lines=lines)
+        sql, params = export_sql(self.dialect, q, lines=lines)
         async with self._reader.connect() as conn:
             raw = await conn.get_raw_connection()
             driver: Any = raw.driver_connection
@@ -265,51 +257,6 @@ class UsageStore:
         moment to the millisecond), so Python only joins them."""
         async for part in self.export(q, chunk, lines=True):
             yield ("\n".join([row[0] for row in part]) + "\n").encode()
-
-    def _csv_line(self) -> str:
-        """The SQL expression of one record's CSV line."""
-        sqlite = self.dialect == "sqlite"
-        if sqlite:
-            moment = (
-                "strftime('%Y-%m-%dT%H:%M:%S', ts_ms / 1000, 'unixepoch') || '.' || "
-                "printf('%03d', ts_ms % 1000) || '+00:00'"
-            )
-        else:
-            moment = (
-                "to_char(to_timestamp(ts_ms / 1000) AT TIME ZONE 'UTC', "
-                "'YYYY-MM-DD\"T\"HH24:MI:SS') || '.' || lpad((ts_ms % 1000)::text, 3, '0') || "
-                "'+00:00'"
-            )
-        fields = [moment]
-        for column in records.columns:
-            name = column.name
-            if isinstance(column.type, String):
-                value = f"'\"' || replace({name}, '\"', '\"\"') || '\"'"
-            else:
-                value = name if sqlite else f"{name}::text"
-            fields.append(value if not column.nullable else f"coalesce({value}, '')")
-        return " || ',' || ".join(fields)
-
-    def _export_sql(self, q: ExportQuery, *, lines: bool = False) -> tuple[str, list[Any]]:
-        """The export's query in the driver's own parameter style (`?` or `$n`): the records'
-        columns, or (`lines`) each record's CSV line."""
-        conditions: list[str] = []
-        params: list[Any] = []
-
-        def condition(column: str, op: str, value: Any) -> None:
-            params.append(value)
-            mark = "?" if self.dialect == "sqlite" else f"${len(params)}"
-            conditions.append(f"{column} {op} {mark}")
-
-        for column, value in q.equalities().items():  # column names from queries.COLUMN
-            condition(column, "=", value)
-        if q.start is not None:
-            condition("ts_ms", ">=", int(q.start.timestamp()) * 1000)
-        if q.end is not None:
-            condition("ts_ms", "<", int(q.end.timestamp()) * 1000)
-        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        columns = self._csv_line() if lines else ", ".join(RECORD_COLUMNS)
-        return f"SELECT {columns} FROM usage_records{where} ORDER BY ts_ms, record_id", params
 
     async def last_use(self, key_ids: Sequence[str]) -> dict[str, int]:
         """Each key's latest record's time (epoch ms), for the keys that have one: one
@@ -353,140 +300,3 @@ class UsageStore:
         conn: AsyncConnection
         async with self._writer.begin() as conn:
             await conn.execute(text(statement))
-
-
-_record_values = itemgetter(*RECORD_COLUMNS)  # a row's values in the order of RECORD_COLUMNS
-_PG_TYPES = ((BigInteger, "bigint"), (Integer, "integer"), (Float, "float8"), (String, "text"))
-
-
-def _pg_type(table: Table, column: str) -> str:
-    kind = table.c[column].type
-    return next(name for cls, name in _PG_TYPES if isinstance(kind, cls))
-
-
-class _FastSQL:
-    """The insert path's statements, written for each driver: SQLAlchemy's per-row parameter
-    handling cost more than the database's work. PostgreSQL gets one statement per batch
-    (column arrays, `unnest`); SQLite multi-row VALUES and the driver's executemany."""
-
-    def __init__(self, dialect: str) -> None:
-        self.dialect = dialect
-        conflict = "ON CONFLICT (record_id) DO NOTHING RETURNING record_id"
-        names = ", ".join(RECORD_COLUMNS)
-        if dialect == "postgresql":
-            arrays = ", ".join(
-                f"${i}::{_pg_type(records, c)}[]" for i, c in enumerate(RECORD_COLUMNS, 1)
-            )
-            self._records = (
-                f"INSERT INTO usage_records ({names}) SELECT * FROM unnest({arrays}) {conflict}"
-            )
-        else:
-            one = "(" + ", ".join("?" * len(RECORD_COLUMNS)) + ")"
-            self._records_head = f"INSERT INTO usage_records ({names}) VALUES "
-            self._records_one = one
-            self._records_tail = f" {conflict}"
-        self._rollups = {}
-        for table, shape in ROLLUPS.items():
-            columns = ("bucket", *shape.dims, *shape.added)
-            cols = ", ".join(columns)
-            keys = ", ".join(("bucket", *shape.dims))
-            sets = ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in shape.added)
-            if dialect == "postgresql":
-                arrays = ", ".join(
-                    f"${i}::{_pg_type(table, c)}[]" for i, c in enumerate(columns, 1)
-                )
-                source = f"SELECT * FROM unnest({arrays})"
-            else:
-                source = "VALUES (" + ", ".join("?" * len(columns)) + ")"
-            self._rollups[table.name] = (
-                f"INSERT INTO {table.name} ({cols}) {source} "
-                f"ON CONFLICT ({keys}) DO UPDATE SET {sets}"
-            )
-
-    async def insert_records(
-        self, conn: AsyncConnection, rows: Sequence[Mapping[str, Any]]
-    ) -> set[str]:
-        """Insert rows not stored yet; the ids of those inserted."""
-        if self.dialect == "postgresql":
-            columns = tuple(map(list, zip(*map(_record_values, rows), strict=True)))
-            result = await conn.exec_driver_sql(self._records, columns)
-            return {row[0] for row in result}
-        new: set[str] = set()
-        per = 32_000 // len(RECORD_COLUMNS)  # SQLite's limit on parameters per statement
-        for start in range(0, len(rows), per):
-            part = rows[start : start + per]
-            sql = self._records_head + ", ".join([self._records_one] * len(part))
-            params = tuple(chain.from_iterable(map(_record_values, part)))
-            result = await conn.exec_driver_sql(sql + self._records_tail, params)
-            new.update(row[0] for row in result)
-        return new
-
-    async def add_rollups(
-        self, conn: AsyncConnection, table: Table, increments: list[list[Any]]
-    ) -> None:
-        """Add increments (`rows.rollups`, `rows.coarser` at `table`'s dimensions) to `table`."""
-        sql = self._rollups[table.name]
-        if self.dialect == "postgresql":
-            columns = tuple(list(column) for column in zip(*increments, strict=True))
-            await conn.exec_driver_sql(sql, columns)
-        else:
-            await conn.exec_driver_sql(sql, [tuple(row) for row in increments])
-
-
-def _rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
-    """The narrowest rollup that answers a summary over `columns` (grouped or filtered)."""
-    if q.interval == "hour" or not day_aligned:
-        return hourly if "key_id" in columns else hourly_all_keys
-    if "key_id" not in columns:
-        return daily_all_keys
-    if columns <= set(KEY_MODEL) and not q.latency:
-        return daily_key_model
-    return daily
-
-
-def _period(value: Any, interval: str | None) -> str | None:
-    if interval is None:
-        return None
-    if interval == "month":
-        return f"{value}-01T00:00:00+00:00"
-    return datetime.fromtimestamp(int(value), UTC).isoformat()
-
-
-def _latency(hist: Sequence[Any], count: int, total: float) -> dict[str, Any]:
-    p50, p95 = quantiles(hist, 0.5, 0.95)
-    return {"avg": round(total / count, 1) if count else None, "p50": p50, "p95": p95}
-
-
-def _summary_row(
-    row: Sequence[Any], at: dict[str, int], q: SummaryQuery, dims: list[str]
-) -> dict[str, Any]:
-    """One summary row from a result row: `at` maps each sum's name to its position; the
-    period (with an interval) and the dimensions come first."""
-    out: dict[str, Any] = {}
-    first = 0
-    if q.interval is not None:
-        out["period"] = _period(row[0], q.interval)
-        first = 1
-    for i, d in enumerate(dims, first):
-        out[d] = row[i]
-    requests = int(row[at["requests"]] or 0)
-    prompt = int(row[at["prompt_tokens"]] or 0)
-    cached = int(row[at["cached_tokens"]] or 0)
-    out.update(
-        requests=requests,
-        errors=int(row[at["errors"]] or 0),
-        prompt_tokens=prompt,
-        cached_tokens=cached,
-        completion_tokens=int(row[at["completion_tokens"]] or 0),
-        reasoning_tokens=int(row[at["reasoning_tokens"]] or 0),
-        cache_hit_rate=round(cached / prompt, 4) if prompt else None,
-        cost=round(float(row[at["cost"]] or 0.0), 6),
-    )
-    if q.latency:
-        lat, ttft_at, n = at[LATENCY[0]], at[TTFT[0]], len(LATENCY)
-        total = float(row[at["latency_sum_ms"]] or 0)
-        out["latency_ms"] = _latency(row[lat : lat + n], requests, total)
-        ttft = int(row[at["ttft_count"]] or 0)
-        ttft_total = float(row[at["ttft_sum_ms"]] or 0)
-        out["ttft_ms"] = _latency(row[ttft_at : ttft_at + n], ttft, ttft_total)
-    return out

@@ -12,8 +12,9 @@ import pytest
 
 from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
 from gateway.usage_store.rows import row_of
+from gateway.usage_store.schema import RECORD_COLUMNS
 from gateway.usage_store.sketch import ERROR_BOUND
-from gateway.usage_store.store import RECORD_COLUMNS, UsageStore
+from gateway.usage_store.store import UsageStore
 from tests.support.usage_records import stream_fields
 
 DAY0 = datetime(2026, 3, 30, tzinfo=UTC).timestamp()  # 2026-03-30, two days before April

@@ -1,0 +1,61 @@
+"""The CSV export's query, in each driver's own SQL: the database writes every record's CSV
+line (text quoted, NULL empty, `created_at` the ISO moment to the millisecond), so Python only
+joins them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import String
+
+from gateway.usage_store.queries import ExportQuery
+from gateway.usage_store.schema import RECORD_COLUMNS, records
+
+CSV_COLUMNS = ("created_at", *RECORD_COLUMNS)  # the export's: the settlement moment first
+
+
+def csv_line(dialect: str) -> str:
+    """The SQL expression of one record's CSV line."""
+    sqlite = dialect == "sqlite"
+    if sqlite:
+        moment = (
+            "strftime('%Y-%m-%dT%H:%M:%S', ts_ms / 1000, 'unixepoch') || '.' || "
+            "printf('%03d', ts_ms % 1000) || '+00:00'"
+        )
+    else:
+        moment = (
+            "to_char(to_timestamp(ts_ms / 1000) AT TIME ZONE 'UTC', "
+            "'YYYY-MM-DD\"T\"HH24:MI:SS') || '.' || lpad((ts_ms % 1000)::text, 3, '0') || "
+            "'+00:00'"
+        )
+    fields = [moment]
+    for column in records.columns:
+        name = column.name
+        if isinstance(column.type, String):
+            value = f"'\"' || replace({name}, '\"', '\"\"') || '\"'"
+        else:
+            value = name if sqlite else f"{name}::text"
+        fields.append(value if not column.nullable else f"coalesce({value}, '')")
+    return " || ',' || ".join(fields)
+
+
+def export_sql(dialect: str, q: ExportQuery, *, lines: bool = False) -> tuple[str, list[Any]]:
+    """The export's query in the driver's own parameter style (`?` or `$n`): the records'
+    columns, or (`lines`) each record's CSV line."""
+    conditions: list[str] = []
+    params: list[Any] = []
+
+    def condition(column: str, op: str, value: Any) -> None:
+        params.append(value)
+        mark = "?" if dialect == "sqlite" else f"${len(params)}"
+        conditions.append(f"{column} {op} {mark}")
+
+    for column, value in q.equalities().items():  # column names from queries.COLUMN
+        condition(column, "=", value)
+    if q.start is not None:
+        condition("ts_ms", ">=", int(q.start.timestamp()) * 1000)
+    if q.end is not None:
+        condition("ts_ms", "<", int(q.end.timestamp()) * 1000)
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    columns = csv_line(dialect) if lines else ", ".join(RECORD_COLUMNS)
+    return f"SELECT {columns} FROM usage_records{where} ORDER BY ts_ms, record_id", params
