@@ -18,7 +18,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import structlog
 
 from gateway.cluster.node import ClusterNode
-from gateway.config.settings import ProviderSettings, Settings
+from gateway.config.providers import ProviderSettings
+from gateway.config.settings import Settings
 from gateway.observability.metrics import Metrics
 from plumbing.busy_wait import BusyWait
 from providers.base import Provider

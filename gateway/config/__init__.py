@@ -1,5 +1,6 @@
 """The one typed, frozen settings object: `settings` (the root model, TOML + environment),
-with the `[routing]` (`routing`), `[cluster]` (`cluster`) and `[usage]` (`usage`) sections in
-modules of their own.
+with the `[providers]` and `[models]` tables and their presets (`providers`), and the
+`[engine]` (`engine`), `[routing]` (`routing`), `[cluster]` (`cluster`) and `[usage]` (`usage`)
+sections in modules of their own.
 
 May import `providers` value types and `plumbing`; nothing else of `gateway`."""

@@ -9,7 +9,7 @@ from functools import partial
 
 from gateway.cluster.join import serve_engine
 from gateway.cluster.node import ClusterNode
-from gateway.config.settings import EngineSettings
+from gateway.config.engine import EngineSettings
 from gateway.observability.engine_metrics import register_engine_metrics
 from gateway.observability.metrics import Metrics
 from providers.local.provider import LocalProvider

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from gateway.config.settings import ModelSettings
+from gateway.config.providers import ModelSettings
 from gateway.routing import Route
 from plumbing.record import record
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
 
-from gateway.config.settings import ModelSettings, RoutingMode
+from gateway.config.providers import ModelSettings, RoutingMode
 from gateway.errors import NotFound
 from plumbing.record import record
 from providers.base import ModelCard, Provider

@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Mapping
 
+from gateway.config.providers import RoutingMode
 from gateway.config.routing import RoutingSettings
-from gateway.config.settings import RoutingMode
 from gateway.errors import PermissionDenied
 from gateway.routing.aliases import Route
 from gateway.routing.ask import Ask, turn_of

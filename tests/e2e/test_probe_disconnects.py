@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from gateway.config.settings import ModelSettings, ProviderSettings
+from gateway.config.providers import ModelSettings, ProviderSettings
 from gateway.keys.store import KeySpace, text
 from testkit.gateway_app import REDIS_URL
 from testkit.mock_upstream import MockUpstream

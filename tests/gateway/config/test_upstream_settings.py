@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.config.settings import ProviderSettings, Settings
+from gateway.config.providers import ProviderSettings
+from gateway.config.settings import Settings
 from gateway.provider_factory import upstream_config
 from providers.types import ChatRequest, Message, TextDelta
 from providers.upstream.openai import OpenAIUpstream

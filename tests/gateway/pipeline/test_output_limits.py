@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.config.settings import ModelSettings
+from gateway.config.providers import ModelSettings
 from gateway.pipeline.output_limits import OutputLimits
 from gateway.routing import Route
 from testkit.gateway_app import Gateway

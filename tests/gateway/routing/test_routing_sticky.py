@@ -13,8 +13,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
 
 from gateway.access.contract import Principal
+from gateway.config.providers import ModelSettings
 from gateway.config.routing import RoutingSettings
-from gateway.config.settings import ModelSettings
 from gateway.observability.metrics import Metrics
 from gateway.routing.aliases import Route, Router
 from gateway.routing.ask import Ask, ask_of
