@@ -33,7 +33,7 @@ import aiohttp
 from redis.asyncio import Redis
 
 from gateway.access.contract import Outcome, Ticket
-from gateway.config.settings import ServerSettings
+from gateway.config.process import ServerSettings
 from gateway.keys.records import KeyCreate
 from gateway.keys.redis_access import RedisAccessControl
 from gateway.keys.store import KeyStore

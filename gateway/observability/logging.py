@@ -15,7 +15,7 @@ from typing import TextIO
 
 import structlog
 
-from gateway.config.settings import LoggingSettings
+from gateway.config.process import LoggingSettings
 from gateway.observability import log_context
 from gateway.observability.redact import redact_event
 

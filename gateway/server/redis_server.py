@@ -35,7 +35,7 @@ from redis.exceptions import BusyLoadingError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.config.settings import RedisSettings
+from gateway.config.process import RedisSettings
 from gateway.observability.redact import redact_url
 
 log = structlog.get_logger("gateway.redis")

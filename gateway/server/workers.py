@@ -37,7 +37,8 @@ import structlog
 from pydantic import SecretStr
 
 from gateway.config.cluster import ClusterSettings
-from gateway.config.settings import RedisSettings, Settings
+from gateway.config.process import RedisSettings
+from gateway.config.settings import Settings
 from gateway.server.redis_server import open_redis
 from gateway.server.serve import serve_process
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from gateway.config.settings import ServerSettings
+from gateway.config.process import ServerSettings
 from plumbing import busy_wait
 from testkit.gateway_app import gateway_settings, start_gateway
 from testkit.mock_upstream import MockUpstream

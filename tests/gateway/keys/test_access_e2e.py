@@ -23,7 +23,7 @@ import pytest
 import structlog
 from redis.asyncio import Redis
 
-from gateway.config.settings import LoggingSettings
+from gateway.config.process import LoggingSettings
 from gateway.keys.store import KeySpace
 from gateway.observability.logging import configure_logging
 from testkit.gateway_app import gateway_settings, start_gateway

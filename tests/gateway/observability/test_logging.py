@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from gateway.config.settings import LoggingSettings
+from gateway.config.process import LoggingSettings
 from gateway.observability.logging import configure_logging
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from gateway.config.settings import RedisSettings
+from gateway.config.process import RedisSettings
 from gateway.errors import UpstreamError
 from gateway.observability.redact import redact_event, redact_text, redact_url
 from gateway.server.redis_server import open_redis

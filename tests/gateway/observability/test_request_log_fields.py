@@ -9,7 +9,7 @@ import json
 import aiohttp
 import structlog
 
-from gateway.config.settings import LoggingSettings
+from gateway.config.process import LoggingSettings
 from gateway.observability.logging import configure_logging
 from testkit.gateway_app import Gateway
 

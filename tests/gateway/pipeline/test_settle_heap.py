@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from gateway.config.settings import ServerSettings
+from gateway.config.process import ServerSettings
 from gateway.server.serve import settle_heap
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.config.settings import RedisSettings
+from gateway.config.process import RedisSettings
 from gateway.server.redis_server import RedisNotReady, open_redis
 from testkit.gateway_app import closed_port
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import hiredis
 import pytest
 
-from gateway.config.settings import RedisSettings
+from gateway.config.process import RedisSettings
 from gateway.server.redis_server import RedisNotReady, open_redis
 from testkit.gateway_app import closed_port
 

@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from gateway.config.settings import RedisSettings, Settings
+from gateway.config.process import RedisSettings
+from gateway.config.settings import Settings
 from gateway.server.workers import worker_settings
 from testkit.gateway_app import closed_port
 from testkit.mock_upstream import MockUpstream
