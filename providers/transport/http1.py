@@ -41,16 +41,16 @@ from urllib.parse import urlsplit
 
 from plumbing.busy_wait import BusyWait
 from plumbing.turn_writes import WriteTurn
-from providers.transport.http1_connection import (
+from providers.transport.http1_bounds import (
     AnswerLimits,
-    Connection,
     ConnectTimeout,
     Http1Error,
     Http1Refused,
-    Http1Response,
     Http1Timeout,
 )
+from providers.transport.http1_connection import Connection
 from providers.transport.http1_proxy import Proxy, open_tunnel
+from providers.transport.http1_response import Http1Response
 
 __all__ = [
     "AnswerLimits",

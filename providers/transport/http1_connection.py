@@ -1,18 +1,17 @@
 """One HTTP/1.1 connection of `providers/transport/http1.py`'s pool and the answer being read on it.
 
-The errors, `Http1Response` (status, reason, lower-case headers, then the body by `readany()` or
-`read()`), and `Connection`: an asyncio protocol that parses the answer with httptools as it
+`Connection`: an asyncio protocol that parses the answer with httptools as it
 arrives, buffers its body (reading pauses above 1 MiB unread), enforces the exchange's deadline
 with one timer, and on `release()` goes back to its pool only when the answer was read to its end
 and both sides keep the connection alive.
 
-What an upstream may send is bounded (`AnswerLimits`): at most `max_headers` header fields (a
-new name is counted as it arrives, a repeated one too, its values joined once at the head's end),
-of at most `max_field_bytes` each (checked once, at the head's end, and only when the bytes
-received could hold a field that long), a head of at most `max_head_bytes` (checked per read:
-a field that never ends is cut off there), and a body of at most `max_body_bytes` after decoding
-(providers/transport/http1_decode.py: gzip and deflate, any other coding refused). Beyond a bound,
-the exchange fails with `Http1Refused`.
+What an upstream may send is bounded (`AnswerLimits`, in providers/transport/http1_bounds.py): at
+most `max_headers` header fields (a new name is counted as it arrives, a repeated one too, its
+values joined once at the head's end), of at most `max_field_bytes` each (checked once, at the
+head's end, and only when the bytes received could hold a field that long), a head of at most
+`max_head_bytes` (checked per read: a field that never ends is cut off there), and a body of at most
+`max_body_bytes` after decoding (providers/transport/http1_decode.py: gzip and deflate, any other
+coding refused). Beyond a bound, the exchange fails with `Http1Refused`.
 Informational answers (1xx) before the final one are skipped. Bytes that arrive while no request
 is outstanding (an unsolicited 408 on an idle connection) close the connection: they never
 become part of the next exchange. A body that ends with the connection (no length, not chunked)
@@ -23,99 +22,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from typing import Protocol, cast
 
 import httptools
 
 from plumbing.busy_wait import BusyWait
-from plumbing.record import record
 from plumbing.turn_writes import TurnWrites, WriteTurn
+from providers.transport.http1_bounds import (
+    AnswerLimits,
+    Http1Error,
+    Http1Refused,
+    Http1Timeout,
+    set_keepalive,
+)
 from providers.transport.http1_decode import DecodeError, Decoder, decoder_for
+from providers.transport.http1_response import Http1Response
 
 # Stop reading from the socket while this much body is buffered and unread.
 _HIGH_WATER = 1 << 20
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 
-class Http1Error(Exception):
-    """The connection failed, or the answer ended before its end."""
-
-
-class ConnectTimeout(Http1Error):
-    """No connection within the connect timeout."""
-
-
-class Http1Timeout(Http1Error):
-    """The exchange's deadline passed (the connection is closed: its answer is abandoned)."""
-
-
-class Http1Refused(Http1Error):
-    """The answer breaks a bound or uses an encoding the client does not read (the connection is
-    closed; the same upstream would send it again, but another route may serve)."""
-
-
 class _Unsolicited(Exception):
     """An answer began while none was awaited (raised inside the parser to stop it)."""
-
-
-@record
-class AnswerLimits:
-    """The most an upstream's answer may hold (aiohttp's client has the same header bounds)."""
-
-    max_headers: int = 128  # header fields, repeated names counted each time
-    max_field_bytes: int = 8192  # one field's name and value together
-    max_body_bytes: int = 64 << 20  # the body after decoding
-
-    @property
-    def max_head_bytes(self) -> int:
-        """The bytes a head may take before it ends (status line and line ends included)."""
-        return (self.max_headers + 1) * (self.max_field_bytes + 4)
-
-
-def set_keepalive(sock: socket.socket, idle_s: float) -> None:
-    """TCP keepalive on `sock`: the first probe after `idle_s` idle, then every `idle_s` / 3,
-    given up after 3 unanswered (a connection a NAT dropped fails instead of hanging)."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    idle = max(1, round(idle_s))
-    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's defaults apply
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, idle // 3))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
-
-
-class Http1Response:
-    """One answer: `status`, `reason`, `headers` (lower-case names), then its body."""
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self.status = 0
-        self.reason = ""
-        self.headers: dict[str, str] = {}
-
-    @property
-    def content_type(self) -> str:
-        """The media type without parameters, lower-case ("application/octet-stream" if none)."""
-        value = self.headers.get("content-type")
-        if not value:
-            return "application/octet-stream"
-        return value.partition(";")[0].strip().lower()
-
-    async def readany(self) -> bytes:
-        return await self._conn.readany()
-
-    def disarm(self) -> None:
-        """No deadline from now on (the caller times each read itself)."""
-        self._conn.disarm()
-
-    async def read(self) -> bytes:
-        parts = []
-        while chunk := await self._conn.readany():
-            parts.append(chunk)
-        return b"".join(parts)
-
-    def close(self) -> None:
-        self._conn.release()
 
 
 class ConnectionPool(Protocol):
