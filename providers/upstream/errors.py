@@ -16,6 +16,7 @@ from providers.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from providers.transport.http1_bounds import Http1Refused
 
 
 def http_error(provider: str, status: int, message: str, retry_after: str | None) -> ProviderError:
@@ -96,3 +97,41 @@ def timeout_error(
         "answer": f"{who} did not complete its answer within {answer_s:g} s (answer timeout).",
     }.get(what, f"{who} did not answer in time ({what}).")
     return UpstreamTimeout(message, provider=provider)
+
+
+def unreachable_error(provider: str, exc: BaseException) -> UpstreamUnavailable:
+    return UpstreamUnavailable(
+        f"Provider '{provider}' could not be reached.", provider=provider, detail=describe(exc)
+    )
+
+
+def unreadable_error(provider: str, what: str, detail: str) -> UpstreamUnavailable:
+    """A stream (`what` "stream") or an answer the gateway could not read."""
+    return UpstreamUnavailable(
+        f"Provider '{provider}' sent {'a stream' if what == 'stream' else 'an answer'} "
+        "the gateway could not read.",
+        provider=provider,
+        detail=detail,
+    )
+
+
+def refused_error(provider: str, exc: Http1Refused) -> UpstreamUnavailable:
+    """An answer the HTTP client will not read (too many or too long headers, a body beyond its
+    bound, an encoding it does not decode)."""
+    return UpstreamUnavailable(
+        f"Provider '{provider}' sent an answer the gateway refuses to read: {exc}.",
+        provider=provider,
+        detail=describe(exc),
+    )
+
+
+def broken_error(provider: str, exc: BaseException | None) -> UpstreamUnavailable:
+    """An answer that ended before its end (`exc` None: a stream without [DONE]); a refused
+    one reads as `refused_error`."""
+    if isinstance(exc, Http1Refused):
+        return refused_error(provider, exc)
+    return UpstreamUnavailable(
+        f"Provider '{provider}' broke off its answer before the end.",
+        provider=provider,
+        detail=describe(exc) if exc is not None else "the body ended without [DONE]",
+    )

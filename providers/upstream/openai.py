@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -50,24 +49,26 @@ from providers.transport.sse import SSEEvent, SSEParser
 from providers.types import ChatRequest, Event, Placed
 from providers.upstream.affinity import conversation_key, pick
 from providers.upstream.config import UpstreamConfig
-from providers.upstream.errors import clip, describe, http_error, timeout_error
-from providers.upstream.openai_wire import ChunkDecoder, FimStyle, build_body, error_message
+from providers.upstream.errors import (
+    broken_error,
+    clip,
+    describe,
+    http_error,
+    refused_error,
+    timeout_error,
+    unreachable_error,
+    unreadable_error,
+)
+from providers.upstream.openai_wire import (
+    ChunkDecoder,
+    build_body,
+    error_message,
+    fim_url,
+)
 
 # How long to wait, after `[DONE]`, for the end of the body before closing the connection.
 _DRAIN_TIMEOUT_S = 1.0
 _NO_HEADERS: Mapping[str, str] = {}
-
-
-def fim_url(base_url: str, fim: FimStyle) -> str:
-    """Where fill-in-the-middle requests go: OpenAI style, the ordinary `/completions`;
-    DeepSeek's beta endpoint, `/beta/completions` in place of the base URL's `/v1`
-    (`https://api.deepseek.com/v1` -> `https://api.deepseek.com/beta/completions`)."""
-    base = base_url.rstrip("/")
-    if fim != "deepseek_beta":
-        return base + "/completions"
-    parts = urlsplit(base)
-    path = parts.path.removesuffix("/v1")
-    return urlunsplit((parts.scheme, parts.netloc, path + "/beta/completions", "", ""))
 
 
 class StreamDecoder(Protocol):
@@ -212,7 +213,9 @@ class OpenAIUpstream:
                 answer = await self._read_json(resp, by, "idle" if streamed else "answer")
                 self._decode(decoder.feed, answer, out, "answer")
                 if not decoder.finished:
-                    raise self._unreadable("answer", f"not an answer: {clip(str(answer))!r}")
+                    raise unreadable_error(
+                        self.name, "answer", f"not an answer: {clip(str(answer))!r}"
+                    )
                 decoder.end(out)
                 for event in out:
                     yield event
@@ -234,7 +237,7 @@ class OpenAIUpstream:
                     if done or decoder.finished:
                         decoder.end(out)
                     else:
-                        failure = self._broken(None)
+                        failure = broken_error(self.name, None)
                 for event in out:
                     yield event
                 out.clear()
@@ -261,7 +264,7 @@ class OpenAIUpstream:
         except TimeoutError:
             raise self._timeout("idle" if first_data_by is None else "first byte") from None
         except Http1Error as exc:
-            raise self._broken(exc) from exc
+            raise broken_error(self.name, exc) from exc
 
     async def _drain(self, resp: Http1Response, reads: ReadDeadline) -> None:
         """After `[DONE]`: reads to the end of the body within `_DRAIN_TIMEOUT_S` (on the
@@ -290,7 +293,7 @@ class OpenAIUpstream:
                     provider=self.name,
                 )
             if not isinstance(chunk, dict):
-                raise self._unreadable("stream", f"malformed chunk: {data[:200]!r}")
+                raise unreadable_error(self.name, "stream", f"malformed chunk: {data[:200]!r}")
             self._decode(decoder.feed, chunk, out, "stream")
         return False
 
@@ -306,15 +309,9 @@ class OpenAIUpstream:
         try:
             feed(chunk, out)
         except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
-            raise self._unreadable(what, f"{describe(exc)} in {clip(str(chunk))!r}") from None
-
-    def _unreadable(self, what: str, detail: str) -> UpstreamUnavailable:
-        return UpstreamUnavailable(
-            f"Provider '{self.name}' sent {'a stream' if what == 'stream' else 'an answer'} "
-            "the gateway could not read.",
-            provider=self.name,
-            detail=detail,
-        )
+            raise unreadable_error(
+                self.name, what, f"{describe(exc)} in {clip(str(chunk))!r}"
+            ) from None
 
     def _account(self, request: ChatRequest) -> tuple[Mapping[str, str], str | None]:
         """The headers of the account the request goes to, when there are several (else the
@@ -345,13 +342,9 @@ class OpenAIUpstream:
         except Http1Timeout:
             raise self._timeout(waiting_for) from None
         except Http1Refused as exc:
-            raise self._refused(exc) from exc
+            raise refused_error(self.name, exc) from exc
         except Http1Error as exc:
-            raise UpstreamUnavailable(
-                f"Provider '{self.name}' could not be reached.",
-                provider=self.name,
-                detail=describe(exc),
-            ) from exc
+            raise unreachable_error(self.name, exc) from exc
 
     async def _read_json(
         self, resp: Http1Response, deadline: float | None, waiting_for: str
@@ -366,13 +359,13 @@ class OpenAIUpstream:
         except (TimeoutError, Http1Timeout):
             raise self._timeout(waiting_for) from None
         except Http1Error as exc:
-            raise self._broken(exc) from exc
+            raise broken_error(self.name, exc) from exc
         try:
             payload = jsoncodec.loads(raw)
         except ValueError:
             payload = None
         if not isinstance(payload, dict):
-            raise self._unreadable("answer", f"not a JSON object: {raw[:200]!r}")
+            raise unreadable_error(self.name, "answer", f"not a JSON object: {raw[:200]!r}")
         return payload
 
     async def _http_error(self, resp: Http1Response | aiohttp.ClientResponse) -> ProviderError:
@@ -389,24 +382,6 @@ class OpenAIUpstream:
         c = self._config
         limits = (c.connect_timeout_s, c.first_byte_timeout_s, c.idle_timeout_s, c.answer_timeout_s)
         return timeout_error(self.name, what, *limits)
-
-    def _refused(self, exc: Http1Refused) -> UpstreamUnavailable:
-        """An answer the HTTP client will not read (too many or too long headers, a body
-        beyond its bound, an encoding it does not decode)."""
-        return UpstreamUnavailable(
-            f"Provider '{self.name}' sent an answer the gateway refuses to read: {exc}.",
-            provider=self.name,
-            detail=describe(exc),
-        )
-
-    def _broken(self, exc: BaseException | None) -> UpstreamUnavailable:
-        if isinstance(exc, Http1Refused):
-            return self._refused(exc)
-        return UpstreamUnavailable(
-            f"Provider '{self.name}' broke off its answer before the end.",
-            provider=self.name,
-            detail=describe(exc) if exc is not None else "the body ended without [DONE]",
-        )
 
     async def models(self) -> list[ModelCard]:
         if self._config.models:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import uuid
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from backend.text.think_splitter import ThinkSplitter
 from providers.errors import UpstreamUnavailable
@@ -322,3 +323,15 @@ def _legacy_logprobs(logprobs: Any) -> dict[str, Any] | None:
             }
         )
     return {"content": entries}
+
+
+def fim_url(base_url: str, fim: FimStyle) -> str:
+    """Where fill-in-the-middle requests go: OpenAI style, the ordinary `/completions`;
+    DeepSeek's beta endpoint, `/beta/completions` in place of the base URL's `/v1`
+    (`https://api.deepseek.com/v1` -> `https://api.deepseek.com/beta/completions`)."""
+    base = base_url.rstrip("/")
+    if fim != "deepseek_beta":
+        return base + "/completions"
+    parts = urlsplit(base)
+    path = parts.path.removesuffix("/v1")
+    return urlunsplit((parts.scheme, parts.netloc, path + "/beta/completions", "", ""))

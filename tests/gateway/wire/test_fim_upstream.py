@@ -15,8 +15,7 @@ from redis.asyncio import Redis
 
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
-from providers.upstream.openai import fim_url
-from providers.upstream.openai_wire import FimStyle
+from providers.upstream.openai_wire import FimStyle, fim_url
 from testkit.gateway_app import REDIS_URL, Gateway, gateway_settings, start_gateway
 from testkit.mock_upstream import MockUpstream
 
