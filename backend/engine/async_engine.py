@@ -30,11 +30,9 @@ from backend.engine.interface import (
     RequestOutput,
 )
 from backend.engine.llm_engine import LLMEngine
+from backend.engine.loading import load_engine
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
-from backend.model.checkpoint import load_generation_config, load_model
-from backend.model.fingerprint import checkpoint_fingerprint
-from backend.model.model import DeepseekV3ForCausalLM
 
 __all__ = [
     "AsyncEngine",
@@ -123,30 +121,7 @@ class AsyncEngine:
     ) -> AsyncEngine:
         """Load the model and generation_config.json; the checkpoint's fingerprint seeds the
         prefix-cache block hashes. Blocking (seconds to minutes): call it off the event loop."""
-        model: DeepseekV3ForCausalLM
-        if config.tensor_parallel > 1:
-            from backend.parallel.cluster import start_parallel_model
-
-            model, _ = start_parallel_model(model_dir, config)
-        else:
-            model = load_model(
-                model_dir,
-                dtype=config.torch_dtype,
-                device=config.resolved_device(),
-                fp8_weights=config.fp8_weights,
-            )
-        try:
-            engine = LLMEngine(
-                model,
-                config,
-                hash_seed=checkpoint_fingerprint(model_dir),
-                generation_defaults=load_generation_config(model_dir),
-                on_block_event=on_block_event,
-            )
-        except BaseException:
-            model.close()
-            raise
-        return cls(engine)
+        return cls(load_engine(model_dir, config, on_block_event=on_block_event))
 
     @property
     def max_model_len(self) -> int:
