@@ -39,7 +39,8 @@ from gateway.keys.redis_access import RedisAccessControl
 from gateway.keys.store import KeyStore
 from plumbing.busy_wait import BusyWait
 from providers.types import Usage
-from testkit.mock_upstream import MockUpstream, make_plan, parse_model
+from testkit.mock_scenarios import make_plan, parse_model
+from testkit.mock_upstream import MockUpstream
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_URL = "redis://127.0.0.1:6379/0"

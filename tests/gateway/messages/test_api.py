@@ -16,7 +16,7 @@ from gateway.keys.store import KeyStore
 from gateway.pipeline.prompt_estimates import estimate_prompt_tokens
 from gateway.wire.messages_request import parse_count_tokens
 from testkit.gateway_app import REDIS_URL
-from testkit.mock_upstream import REASONING_TEXT
+from testkit.mock_scenarios import REASONING_TEXT
 from tests.support.messages_gateway import (
     LOOKUP,
     USER,

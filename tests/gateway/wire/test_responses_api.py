@@ -12,7 +12,7 @@ import pytest
 
 from gateway.wire.responses_request import decode_reasoning, encode_reasoning, parse_responses
 from testkit.gateway_app import Gateway
-from testkit.mock_upstream import REASONING_TEXT
+from testkit.mock_scenarios import REASONING_TEXT
 from tests.support.sse_events import check_stream, sse_events
 
 WORDS = "alpha beta gamma delta epsilon"

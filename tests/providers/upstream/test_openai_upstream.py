@@ -35,7 +35,8 @@ from providers.types import (
 )
 from providers.upstream.errors import parse_retry_after
 from providers.upstream.openai import OpenAIUpstream, UpstreamConfig
-from testkit.mock_upstream import REASONING_TEXT, SCENARIOS, MockUpstream, prompt_tokens
+from testkit.mock_scenarios import REASONING_TEXT, SCENARIOS, prompt_tokens
+from testkit.mock_upstream import MockUpstream
 
 Factory = Callable[..., OpenAIUpstream]
 USER_TEXT = "tell me about the sea"
