@@ -13,7 +13,8 @@ from plumbing.busy_wait import BusyWait
 from providers.errors import InvalidRequest
 from providers.types import ChatRequest
 from providers.upstream.anthropic_wire import MessagesDecoder, build_messages_body
-from providers.upstream.openai import OpenAIUpstream, StreamDecoder, UpstreamConfig
+from providers.upstream.openai import OpenAIUpstream, UpstreamConfig
+from providers.upstream.openai_wire import StreamDecoder
 
 ANTHROPIC_VERSION = "2023-06-01"
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 
@@ -59,8 +59,10 @@ from providers.upstream.errors import (
     unreachable_error,
     unreadable_error,
 )
+from providers.upstream.model_listing import answers_ok, list_models
 from providers.upstream.openai_wire import (
     ChunkDecoder,
+    StreamDecoder,
     build_body,
     error_message,
     fim_url,
@@ -69,15 +71,6 @@ from providers.upstream.openai_wire import (
 # How long to wait, after `[DONE]`, for the end of the body before closing the connection.
 _DRAIN_TIMEOUT_S = 1.0
 _NO_HEADERS: Mapping[str, str] = {}
-
-
-class StreamDecoder(Protocol):
-    """Turns an upstream's parsed stream chunks (or one JSON answer) into Events."""
-
-    finished: bool
-
-    def feed(self, chunk: dict[str, Any], out: list[Event]) -> None: ...
-    def end(self, out: list[Event]) -> None: ...
 
 
 class OpenAIUpstream:
@@ -386,37 +379,19 @@ class OpenAIUpstream:
     async def models(self) -> list[ModelCard]:
         if self._config.models:
             return [ModelCard(model, self.name) for model in self._config.models]
-        session = self._open_session()
-        try:
-            async with (
-                asyncio.timeout(self._config.models_timeout_s),
-                session.get(self._models_url) as resp,
-            ):
-                if resp.status >= 400:
-                    raise await self._http_error(resp)
-                payload = await resp.json(content_type=None)
-        except TimeoutError:
-            raise self._timeout("models") from None
-        except (aiohttp.ClientError, ValueError) as exc:
-            raise UpstreamUnavailable(
-                f"Provider '{self.name}' could not list its models.",
-                provider=self.name,
-                detail=describe(exc),
-            ) from exc
-        return [
-            ModelCard(str(m["id"]), str(m.get("owned_by") or self.name), int(m.get("created") or 0))
-            for m in payload.get("data") or ()
-            if isinstance(m, dict) and "id" in m
-        ]
+        return await list_models(
+            self._open_session(),
+            self._models_url,
+            self.name,
+            self._config.models_timeout_s,
+            self._http_error,
+            self._timeout,
+        )
 
     async def health(self) -> bool:
         """A cheap GET /models: True when the upstream answers 200 within the health timeout."""
         try:
             session = self._open_session()
-            async with (
-                asyncio.timeout(self._config.health_timeout_s),
-                session.get(self._models_url) as resp,
-            ):
-                return resp.status == 200
-        except (TimeoutError, aiohttp.ClientError, ProviderError):
+        except ProviderError:
             return False
+        return await answers_ok(session, self._models_url, self._config.health_timeout_s)

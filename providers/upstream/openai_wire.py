@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from backend.text.think_splitter import ThinkSplitter
@@ -335,3 +335,12 @@ def fim_url(base_url: str, fim: FimStyle) -> str:
     parts = urlsplit(base)
     path = parts.path.removesuffix("/v1")
     return urlunsplit((parts.scheme, parts.netloc, path + "/beta/completions", "", ""))
+
+
+class StreamDecoder(Protocol):
+    """Turns an upstream's parsed stream chunks (or one JSON answer) into Events."""
+
+    finished: bool
+
+    def feed(self, chunk: dict[str, Any], out: list[Event]) -> None: ...
+    def end(self, out: list[Event]) -> None: ...
