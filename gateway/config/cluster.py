@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+from gateway.config.frozen import FROZEN
 
 
 class ClusterSettings(BaseModel):
@@ -20,7 +20,7 @@ class ClusterSettings(BaseModel):
     n is a peer. A node without free blocks for the uncached part is skipped.
     """
 
-    model_config = _FROZEN
+    model_config = FROZEN
     enabled: bool = Field(
         default=False,
         description="Join the cluster: publish this engine's cached blocks and place requests "

@@ -6,11 +6,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from backend.engine.engine_config import EngineConfig
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+from gateway.config.frozen import FROZEN
 
 
 class EngineSettings(BaseModel):
@@ -18,7 +17,7 @@ class EngineSettings(BaseModel):
     knobs, written flat under `[engine]` and validated into `EngineConfig`, whose defaults and
     checks are the only ones (`cache_memory_mb` is accepted for `cache_memory_bytes`)."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
     model_path: Path | None = Field(
         default=None,
         description="A checkpoint directory (config.json, safetensors, tokenizer). Unset: the "

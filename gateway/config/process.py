@@ -6,15 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from gateway.config.frozen import FROZEN
 from plumbing.busy_wait import Spin
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 class ServerSettings(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
     host: str = Field(default="127.0.0.1", description="Address to listen on.")
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
     grace_period_s: float = Field(
@@ -114,7 +113,7 @@ class ServerSettings(BaseModel):
 
 
 class RedisSettings(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
     url: str = Field(
         default="redis://127.0.0.1:6379/0",
         description="The Redis every replica shares (keys, limits, usage, stickiness, the "
@@ -152,7 +151,7 @@ class RedisSettings(BaseModel):
 
 
 class LoggingSettings(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
     format: Literal["json", "console"] = Field(
         default="console",
         description="`json`: one JSON object per line (production); `console`: for people.",

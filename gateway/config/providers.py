@@ -7,12 +7,11 @@ import os
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from gateway.config.frozen import FROZEN
 from providers.transport.http1_proxy import Proxy, proxy_for
 from providers.upstream.openai_wire import FimStyle, ThinkingStyle
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 RoutingMode = Literal["static", "auto", "shadow"]
 
@@ -22,7 +21,7 @@ class ProviderSettings(BaseModel):
     `kind = "anthropic"`: one speaking the Anthropic Messages API (base_url before /v1/messages);
     `kind = "local"`: the embedded DeepSeek-V3.1 engine."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
     kind: Literal["openai", "anthropic", "local"] = Field(
         default="openai",
         description="`openai`: an upstream speaking the OpenAI API; `anthropic`: one speaking "
@@ -174,7 +173,7 @@ class ProviderSettings(BaseModel):
 
 
 class RouteSettings(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
     provider: str = Field(description="A configured provider's name, or a preset's.")
     model: str = Field(description="The model's name at that provider.")
     thinking: bool | None = Field(
@@ -185,7 +184,7 @@ class RouteSettings(BaseModel):
 
 
 class ModelSettings(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
     routes: tuple[RouteSettings, ...] = Field(
         description="The routes, in order: when one fails before the first token reached the "
         "client, the next is tried."

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+from gateway.config.frozen import FROZEN
 
 
 class RuleSettings(BaseModel):
@@ -17,7 +17,7 @@ class RuleSettings(BaseModel):
     Every condition given must hold. `thinking`: "on", "off", or "keep" (the mode the
     conversation already has; the rule falls through when it has none)."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
     name: str = Field(
         min_length=1, max_length=40, pattern=r"^[a-z0-9-]+$", description="The rule's name."
     )
@@ -70,7 +70,7 @@ class ScorerSettings(BaseModel):
     """The learned scorer (gateway/routing/scorer.py): a logistic model over features of the
     ask; thinking goes on at `threshold` and above."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
     weights_file: Path | None = Field(
         default=None,
         description="A model file written by `python -m gateway.routing.train` (gzipped JSON); "
@@ -89,7 +89,7 @@ class BreakerSettings(BaseModel):
     """Circuit breakers and rate-limit back-off per route key (provider, upstream model,
     account): gateway/routing/breaker.py says what counts as a failure."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
     failures: int = Field(
         default=5, ge=1, description="Consecutive failures of a route key that open its breaker."
     )
@@ -140,7 +140,7 @@ class PrefixSettings(BaseModel):
     at least `wait_cost_tokens` x (queue - local_max_queue), and the queue is at most
     `max_queue` (at or under `local_max_queue`: cached prompts overflow like cold ones)."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
     wait_cost_tokens: int = Field(
         default=1024,
         ge=1,
@@ -175,7 +175,7 @@ GREETING_ONLY = (
 
 
 class RoutingSettings(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
     rules: tuple[RuleSettings, ...] = Field(
         default=(
             RuleSettings(

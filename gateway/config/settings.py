@@ -12,25 +12,24 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.config.cluster import ClusterSettings
 from gateway.config.engine import EngineSettings
+from gateway.config.frozen import FROZEN
 from gateway.config.process import LoggingSettings, RedisSettings, ServerSettings
 from gateway.config.providers import PRESETS, ModelSettings, ProviderSettings
 from gateway.config.routing import RoutingSettings
 from gateway.config.usage import UsageSettings
 from providers.transport.http1_proxy import Proxy
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
-
 # The longest path a unix socket may have on Linux (sun_path is 108 bytes, NUL included).
 _MAX_SOCKET_PATH = 107
 
 
 class AdminSettings(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
     api_key: SecretStr | None = Field(
         default=None,
         description="Bearer token of the admin API (environment only: "
@@ -58,7 +57,7 @@ class AdminSettings(BaseModel):
 
 
 class AuthSettings(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
     enabled: bool = Field(
         default=True,
         description="false: no API keys, limits or usage records (only behind your own "
@@ -67,7 +66,7 @@ class AuthSettings(BaseModel):
 
 
 class LimitSettings(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
     default_max_tokens: int = Field(
         default=4096,
         gt=0,
@@ -98,7 +97,7 @@ class LimitSettings(BaseModel):
 class MessagesSettings(BaseModel):
     """The Anthropic Messages API (`/v1/messages`)."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
     signing_secret: SecretStr | None = Field(
         default=None,
         description="HMAC secret signing thinking blocks (environment only: "

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+from gateway.config.frozen import FROZEN
 
 
 class Price(BaseModel):
     """Prices per million tokens, in `usage.currency`."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
     input: float = Field(default=0.0, ge=0, description="Per million uncached prompt tokens.")
     cached_input: float | None = Field(
         default=None,
@@ -23,7 +23,7 @@ class Price(BaseModel):
 
 
 class UsageSettings(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
 
     enabled: bool = Field(
         default=True,
