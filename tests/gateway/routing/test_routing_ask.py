@@ -183,3 +183,23 @@ def test_long_quoted_text_inside_the_ask_is_material() -> None:
     assert ask_of(request(Message("user", chinese))).instruction == "把这句话改写得正式一点：“…”"
     short = 'Who said "to be or not to be"?'  # a short quotation is what the ask is about
     assert ask_of(request(Message("user", short))).instruction == short
+
+
+def test_fenced_blocks_are_material_however_they_end() -> None:
+    """A fence runs from its opening line to the next fence or the end of the text: one left
+    open, two in a row, and a fence's language line all stay out of the ask."""
+    cases = {
+        "Rename `x` to `count`.\n```js\nlet x = 1;\n```\nKeep the rest.": (
+            "Rename `x` to `count`.\nKeep the rest.",
+            ("code",),
+        ),
+        "Why does this fail?\n```\nimport os\nos.remove('/')": ("Why does this fail?", ("code",)),
+        "Compare:\n```\na = 1\n```\n```\nb = 2\n```\nwhich is shorter?": (
+            "which is shorter?",
+            ("code", "config"),  # "Compare:" alone on its line reads as a config key
+        ),
+        "What is this? ```": ("What is this?", ()),
+    }
+    for text, (instruction, material) in cases.items():
+        ask = ask_of(request(Message("user", text)))
+        assert (ask.instruction, ask.material) == (instruction, material), text
