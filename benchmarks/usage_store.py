@@ -9,7 +9,10 @@
   - the store's size per million records.
 
     .venv/bin/python benchmarks/usage_store.py [--records 1000000] [--ingest 100000]
-        [--backends sqlite,postgresql] [--pg-url URL]
+        [--backends sqlite,postgresql] [--pg-url URL] [--sqlite-file FILE]
+
+`--sqlite-file` keeps the loaded SQLite store, so that a second run times the queries alone (a
+10-million-record load takes long; `--ingest 0` skips the ingest figure).
 
 The targets are for 10 million records (`--records 10000000`, which takes long to load); the
 summaries read the rollups, whose size grows with keys x models x days, not with records, so
@@ -158,22 +161,28 @@ async def export_rate(store: UsageStore, key: str | None) -> tuple[float, int]:
     return rows / (time.perf_counter() - began), rows
 
 
-async def bench(name: str, url: str, records: int, ingest_n: int) -> None:
+async def bench(name: str, url: str, records: int, ingest_n: int, reuse: bool = False) -> None:
+    """`reuse`: the store holds the `records` synthetic records already (loaded by an earlier
+    run with `--sqlite-file`); only the queries run."""
     print(f"{name}:")
     store = await UsageStore.open(url)
     try:
-        rate = await ingest(store, ingest_n)
-        line(
-            f"ingest via the consumer ({ingest_n:,})",
-            rate,
-            "records/s",
-            ">= 20,000",
-            rate >= 20_000,
-        )
-        await store.purge(NOW.timestamp() + 400 * 86_400, 1, 1)  # empty again
-        loaded = await load(store, records)
-        print(f"  (loaded {records:,} synthetic records at {loaded:,.0f} records/s)")
-        await store.run("ANALYZE")
+        if reuse:
+            print(f"  (reusing the {records:,} records loaded before)")
+        else:
+            if ingest_n:
+                rate = await ingest(store, ingest_n)
+                line(
+                    f"ingest via the consumer ({ingest_n:,})",
+                    rate,
+                    "records/s",
+                    ">= 20,000",
+                    rate >= 20_000,
+                )
+                await store.purge(NOW.timestamp() + 400 * 86_400, 1, 1)  # empty again
+            loaded = await load(store, records)
+            print(f"  (loaded {records:,} synthetic records at {loaded:,.0f} records/s)")
+            await store.run("ANALYZE")
         start = NOW - timedelta(days=DAYS)
         daily = SummaryQuery(group_by="key,model", interval="day", start=start, end=NOW)
         ms = await timed(lambda: store.summary(daily))
@@ -230,10 +239,26 @@ async def main() -> None:
     parser.add_argument("--ingest", type=int, default=100_000)
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--pg-url", help="postgresql+asyncpg://... (default: a private server)")
+    parser.add_argument(
+        "--sqlite-file",
+        help="keep the SQLite store in this file; when it exists (a run before loaded it), "
+        "only the queries run",
+    )
     args = parser.parse_args()
     print(f"{args.records:,} records over {DAYS} days, {KEYS} keys, {MODELS} models")
     backends = args.backends.split(",")
-    if "sqlite" in backends:
+    if "sqlite" in backends and args.sqlite_file:
+        # kept: a second run with the same file and --records times the queries alone
+        path = Path(args.sqlite_file)
+        reuse = await asyncio.to_thread(path.exists)
+        if reuse:
+            store = await UsageStore.open(f"sqlite+aiosqlite:///{path}")
+            found = await store.count()
+            await store.aclose()
+            if found != args.records:
+                sys.exit(f"{path} holds {found:,} records, not --records {args.records:,}")
+        await bench("SQLite", f"sqlite+aiosqlite:///{path}", args.records, args.ingest, reuse)
+    elif "sqlite" in backends:
         with tempfile.TemporaryDirectory() as tmp:
             await bench("SQLite", f"sqlite+aiosqlite:///{tmp}/usage.db", args.records, args.ingest)
     if "postgresql" in backends:
