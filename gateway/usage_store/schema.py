@@ -11,6 +11,8 @@ growing with models and periods, not with keys.
 `usage_day_key_model`: per day, key and model, the counters and sums without the histograms,
 keyed (key, model, day) so that totals per key or per key and model over a range are read in
 key order: what a summary by key and model without percentiles reads.
+`usage_hour_model` and `usage_day_model`: the same by model alone (a few rows a period): what a
+summary over every key by model, or by nothing but the period, reads (a console's plots).
 `usage_schema`: the versions applied.
 """
 
@@ -140,17 +142,22 @@ class Rollup:
 
 
 KEY_MODEL = ("key_id", "model")
+MODEL_ONLY = ("model",)
 hourly = _rollup("usage_hour", DIMENSIONS)
 daily = _rollup("usage_day", DIMENSIONS)
 hourly_all_keys = _rollup("usage_hour_all_keys", ALL_KEYS)
 daily_all_keys = _rollup("usage_day_all_keys", ALL_KEYS)
 daily_key_model = _rollup("usage_day_key_model", KEY_MODEL, TOTALS, key_first=True)
+hourly_model = _rollup("usage_hour_model", MODEL_ONLY)
+daily_model = _rollup("usage_day_model", MODEL_ONLY)
 ROLLUPS = {
     hourly: Rollup(3600, DIMENSIONS, ADDED),
     daily: Rollup(86_400, DIMENSIONS, ADDED),
     hourly_all_keys: Rollup(3600, ALL_KEYS, ADDED),
     daily_all_keys: Rollup(86_400, ALL_KEYS, ADDED),
     daily_key_model: Rollup(86_400, KEY_MODEL, TOTALS),
+    hourly_model: Rollup(3600, MODEL_ONLY, ADDED),
+    daily_model: Rollup(86_400, MODEL_ONLY, ADDED),
 }
 
 
@@ -159,13 +166,10 @@ def _v1(conn: Connection) -> None:
         table.create(conn, checkfirst=True)
 
 
-def _v2(conn: Connection) -> None:
-    """The all-keys rollups and the key x model totals, filled from the keyed rollups."""
-    for table, source in (
-        (hourly_all_keys, hourly),
-        (daily_all_keys, daily),
-        (daily_key_model, daily),
-    ):
+def _fill(conn: Connection, pairs: tuple[tuple[Table, Table], ...]) -> None:
+    """Create each table and fill it with its source rollup summed over the dimensions it
+    lacks."""
+    for table, source in pairs:
         table.create(conn, checkfirst=True)
         shape = ROLLUPS[table]
         groups = [source.c.bucket, *(source.c[d] for d in shape.dims)]
@@ -177,8 +181,22 @@ def _v2(conn: Connection) -> None:
         )
 
 
+def _v2(conn: Connection) -> None:
+    """The all-keys rollups and the key x model totals, filled from the keyed rollups."""
+    _fill(conn, ((hourly_all_keys, hourly), (daily_all_keys, daily), (daily_key_model, daily)))
+
+
+def _v3(conn: Connection) -> None:
+    """The rollups by model alone, filled from the all-keys ones."""
+    _fill(conn, ((hourly_model, hourly_all_keys), (daily_model, daily_all_keys)))
+
+
 # Versioned migrations, in order; each runs once, in the transaction that records it.
-MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = ((1, _v1), (2, _v2))
+MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = (
+    (1, _v1),
+    (2, _v2),
+    (3, _v3),
+)
 
 
 def migrate(conn: Connection, now_ms: int) -> list[int]:

@@ -1,12 +1,14 @@
 """`UsageStore`: the SQL usage store (SQLite or PostgreSQL, by URL) behind one interface.
 
   - `insert(rows)`: stores rows idempotently by record id and, in the same transaction, adds
-    the rows it had not stored before to the hourly and daily rollups (keyed and all-keys);
+    the rows it had not stored before to the hourly and daily rollups (keyed, all-keys and by
+    model);
     returns how many were new. Safe to run from any number of processes at once.
   - `summary`, `records`, `export`: the admin API's reads; every summary is one query on a
-    rollup table, the narrowest that answers it: the all-keys one when the summary neither
-    groups nor filters by key, the key x model totals for one by key and model without
-    percentiles, else the keyed one.
+    rollup table, the narrowest that answers it: the one by model alone when the summary
+    groups and filters by nothing but the model, the all-keys one when it neither groups nor
+    filters by key, the key x model totals for one by key and model without percentiles, else
+    the keyed one.
   - `purge(now_s)`: retention (raw rows after `retention_days`, rollups after
     `rollup_retention_days`).
 The schema is migrated at `open` (under a lock: PostgreSQL's advisory lock, SQLite's write lock).
@@ -44,14 +46,17 @@ from gateway.usage_store.schema import (
     ALL_KEYS,
     COUNTERS,
     LATENCY,
+    MODEL_ONLY,
     ROLLUPS,
     SUMS,
     TTFT,
     daily,
     daily_all_keys,
     daily_key_model,
+    daily_model,
     hourly,
     hourly_all_keys,
+    hourly_model,
     migrate,
     records,
 )
@@ -142,6 +147,10 @@ class UsageStore:
                 await self._sql.add_rollups(conn, hourly_all_keys, all_hours)
                 all_days = coarser(all_hours, DAY_S, ALL_KEYS, ALL_KEYS)
                 await self._sql.add_rollups(conn, daily_all_keys, all_days)
+                model_hours = coarser(all_hours, HOUR_S, MODEL_ONLY, ALL_KEYS)
+                await self._sql.add_rollups(conn, hourly_model, model_hours)
+                model_days = coarser(model_hours, DAY_S, MODEL_ONLY, MODEL_ONLY)
+                await self._sql.add_rollups(conn, daily_model, model_days)
                 await self._sql.add_rollups(conn, daily_key_model, key_model)
         return len(fresh)
 

@@ -13,12 +13,15 @@ from gateway.usage_store.queries import SummaryQuery
 from gateway.usage_store.schema import (
     KEY_MODEL,
     LATENCY,
+    MODEL_ONLY,
     TTFT,
     daily,
     daily_all_keys,
     daily_key_model,
+    daily_model,
     hourly,
     hourly_all_keys,
+    hourly_model,
 )
 from gateway.usage_store.sketch import quantiles
 
@@ -26,7 +29,11 @@ from gateway.usage_store.sketch import quantiles
 def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
     """The narrowest rollup that answers a summary over `columns` (grouped or filtered)."""
     if q.interval == "hour" or not day_aligned:
+        if columns <= set(MODEL_ONLY):
+            return hourly_model
         return hourly if "key_id" in columns else hourly_all_keys
+    if columns <= set(MODEL_ONLY):
+        return daily_model
     if "key_id" not in columns:
         return daily_all_keys
     if columns <= set(KEY_MODEL) and not q.latency:

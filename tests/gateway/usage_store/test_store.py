@@ -188,9 +188,9 @@ async def test_summaries_by_key_and_model_without_percentiles_read_as_with_them(
 async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
     store_url: str,
 ) -> None:
-    """Opening a store written before the all-keys rollups and the key x model totals existed
-    (its schema at version 1) creates them from the keyed rollups, so every summary reads as
-    before."""
+    """Opening a store written before the all-keys rollups, the key x model totals and the
+    rollups by model existed (its schema at version 1) creates them from the keyed rollups, so
+    every summary reads as before."""
     store = await UsageStore.open(store_url)
     try:
         await store.insert(_varied(400))
@@ -204,7 +204,9 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
             "DROP TABLE usage_hour_all_keys",
             "DROP TABLE usage_day_all_keys",
             "DROP TABLE usage_day_key_model",
-            "DELETE FROM usage_schema WHERE version = 2",
+            "DROP TABLE usage_hour_model",
+            "DROP TABLE usage_day_model",
+            "DELETE FROM usage_schema WHERE version >= 2",
         ):
             await store.run(statement)
     finally:
