@@ -13,6 +13,9 @@ keyed (key, model, day) so that totals per key or per key and model over a range
 key order: what a summary by key and model without percentiles reads.
 `usage_hour_model` and `usage_day_model`: the same by model alone (a few rows a period): what a
 summary over every key by model, or by nothing but the period, reads (a console's plots).
+`usage_hour_key` and `usage_day_key`: per key alone, the counters and sums without the
+histograms (one row per active key a period): what a summary by key without percentiles reads
+(a console's top keys, a key's budget use).
 `usage_schema`: the versions applied.
 """
 
@@ -143,6 +146,7 @@ class Rollup:
 
 KEY_MODEL = ("key_id", "model")
 MODEL_ONLY = ("model",)
+KEY_ONLY = ("key_id",)
 hourly = _rollup("usage_hour", DIMENSIONS)
 daily = _rollup("usage_day", DIMENSIONS)
 hourly_all_keys = _rollup("usage_hour_all_keys", ALL_KEYS)
@@ -150,6 +154,8 @@ daily_all_keys = _rollup("usage_day_all_keys", ALL_KEYS)
 daily_key_model = _rollup("usage_day_key_model", KEY_MODEL, TOTALS, key_first=True)
 hourly_model = _rollup("usage_hour_model", MODEL_ONLY)
 daily_model = _rollup("usage_day_model", MODEL_ONLY)
+hourly_key = _rollup("usage_hour_key", KEY_ONLY, TOTALS)
+daily_key = _rollup("usage_day_key", KEY_ONLY, TOTALS)
 ROLLUPS = {
     hourly: Rollup(3600, DIMENSIONS, ADDED),
     daily: Rollup(86_400, DIMENSIONS, ADDED),
@@ -158,6 +164,8 @@ ROLLUPS = {
     daily_key_model: Rollup(86_400, KEY_MODEL, TOTALS),
     hourly_model: Rollup(3600, MODEL_ONLY, ADDED),
     daily_model: Rollup(86_400, MODEL_ONLY, ADDED),
+    hourly_key: Rollup(3600, KEY_ONLY, TOTALS),
+    daily_key: Rollup(86_400, KEY_ONLY, TOTALS),
 }
 
 
@@ -187,8 +195,17 @@ def _v2(conn: Connection) -> None:
 
 
 def _v3(conn: Connection) -> None:
-    """The rollups by model alone, filled from the all-keys ones."""
-    _fill(conn, ((hourly_model, hourly_all_keys), (daily_model, daily_all_keys)))
+    """The rollups by model alone and the totals by key alone, filled from the all-keys and the
+    keyed ones."""
+    _fill(
+        conn,
+        (
+            (hourly_model, hourly_all_keys),
+            (daily_model, daily_all_keys),
+            (hourly_key, hourly),
+            (daily_key, daily),
+        ),
+    )
 
 
 # Versioned migrations, in order; each runs once, in the transaction that records it.

@@ -1,14 +1,14 @@
 """`UsageStore`: the SQL usage store (SQLite or PostgreSQL, by URL) behind one interface.
 
   - `insert(rows)`: stores rows idempotently by record id and, in the same transaction, adds
-    the rows it had not stored before to the hourly and daily rollups (keyed, all-keys and by
-    model);
-    returns how many were new. Safe to run from any number of processes at once.
-  - `summary`, `records`, `export`: the admin API's reads; every summary is one query on a
-    rollup table, the narrowest that answers it: the one by model alone when the summary
-    groups and filters by nothing but the model, the all-keys one when it neither groups nor
-    filters by key, the key x model totals for one by key and model without percentiles, else
-    the keyed one.
+    the rows it had not stored before to the hourly and daily rollups (`schema.py`: keyed,
+    all-keys, by model, by key, key x model); returns how many were new. Safe to run from any
+    number of processes at once.
+  - `summary`, `records`, `export`: the admin API's reads; every summary is one statement on
+    the narrowest rollups that answer it (`summary_sql.py`): by model alone when the summary
+    groups and filters by nothing but the model, by key alone or key x model without
+    percentiles, all-keys when it neither groups nor filters by key, else keyed; totals over
+    a range that is not whole days read its whole days from the daily rollup.
   - `purge(now_s)`: retention (raw rows after `retention_days`, rollups after
     `rollup_retention_days`).
 The schema is migrated at `open` (under a lock: PostgreSQL's advisory lock, SQLite's write lock).
@@ -24,7 +24,6 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     String,
-    Table,
     and_,
     delete,
     event,
@@ -40,35 +39,34 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from gateway.usage_store.export_sql import export_sql
 from gateway.usage_store.insert_sql import InsertSQL
-from gateway.usage_store.queries import COLUMN, ExportQuery, Filters, RecordsQuery, SummaryQuery
+from gateway.usage_store.queries import ExportQuery, Filters, RecordsQuery, SummaryQuery
 from gateway.usage_store.rows import DAY_S, HOUR_S, Grain, coarser, rollups_at
 from gateway.usage_store.schema import (
     ALL_KEYS,
-    COUNTERS,
-    LATENCY,
+    KEY_ONLY,
     MODEL_ONLY,
     ROLLUPS,
-    SUMS,
-    TTFT,
     daily,
     daily_all_keys,
+    daily_key,
     daily_key_model,
     daily_model,
     hourly,
     hourly_all_keys,
+    hourly_key,
     hourly_model,
     migrate,
     records,
 )
-from gateway.usage_store.summary_rows import rollup_for, summary_row
+from gateway.usage_store.summary_rows import summary_row
+from gateway.usage_store.summary_sql import summary_statement
 
 _MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
 # What an insert rolls up from its rows in one pass (the daily rollups with every dimension are
 # folded from the hourly ones): the keyed and all-keys hours, the key x model days' totals.
-_GRAINS: tuple[Grain, ...] = (
-    (HOUR_S, ROLLUPS[hourly].dims, len(ROLLUPS[hourly].added)),
-    (HOUR_S, ROLLUPS[hourly_all_keys].dims, len(ROLLUPS[hourly_all_keys].added)),
-    (DAY_S, ROLLUPS[daily_key_model].dims, len(ROLLUPS[daily_key_model].added)),
+_GRAINS: tuple[Grain, ...] = tuple(
+    (ROLLUPS[t].bucket_s, ROLLUPS[t].dims, len(ROLLUPS[t].added))
+    for t in (hourly, hourly_all_keys, daily_key_model, hourly_key)
 )
 
 
@@ -141,7 +139,7 @@ class UsageStore:
             new = await self._sql.insert_records(conn, unique)
             fresh = [row for row in unique if row["record_id"] in new]
             if fresh:
-                hours, all_hours, key_model = rollups_at(fresh, _GRAINS)
+                hours, all_hours, key_model, key_hours = rollups_at(fresh, _GRAINS)
                 await self._sql.add_rollups(conn, hourly, hours)
                 await self._sql.add_rollups(conn, daily, coarser(hours, DAY_S))
                 await self._sql.add_rollups(conn, hourly_all_keys, all_hours)
@@ -151,6 +149,9 @@ class UsageStore:
                 await self._sql.add_rollups(conn, hourly_model, model_hours)
                 model_days = coarser(model_hours, DAY_S, MODEL_ONLY, MODEL_ONLY)
                 await self._sql.add_rollups(conn, daily_model, model_days)
+                await self._sql.add_rollups(conn, hourly_key, key_hours)
+                key_days = coarser(key_hours, DAY_S, KEY_ONLY, KEY_ONLY)
+                await self._sql.add_rollups(conn, daily_key, key_days)
                 await self._sql.add_rollups(conn, daily_key_model, key_model)
         return len(fresh)
 
@@ -169,56 +170,30 @@ class UsageStore:
 
     # Reads.
 
-    def _filtered(
-        self, table: Table, q: Filters, time_column: ColumnElement[Any], scale: int
-    ) -> list[ColumnElement[bool]]:
+    def _records_within(self, q: Filters) -> list[ColumnElement[bool]]:
+        """The records matching the query's equalities and time range."""
         conditions: list[ColumnElement[bool]] = [
-            table.c[column] == value for column, value in q.equalities().items()
+            records.c[column] == value for column, value in q.equalities().items()
         ]
         if q.start is not None:
-            start = int(q.start.timestamp())
-            if table is not records:
-                start -= start % ROLLUPS[table].bucket_s  # the bucket holding it
-            conditions.append(time_column >= start * scale)
+            conditions.append(records.c.ts_ms >= int(q.start.timestamp()) * 1000)
         if q.end is not None:
-            conditions.append(time_column < int(q.end.timestamp()) * scale)
+            conditions.append(records.c.ts_ms < int(q.end.timestamp()) * 1000)
         return conditions
 
-    def _month(self, table: Table) -> ColumnElement[Any]:
-        if self.dialect == "sqlite":
-            return func.strftime("%Y-%m", table.c.bucket, literal("unixepoch"))
-        stamp = func.to_timestamp(table.c.bucket).op("AT TIME ZONE")(literal("UTC"))
-        return func.to_char(stamp, literal("YYYY-MM"))
-
     async def summary(self, q: SummaryQuery) -> list[dict[str, Any]]:
-        """Totals per group (and per period with `interval`), from one rollup query."""
-        day_aligned = all(t is None or int(t.timestamp()) % DAY_S == 0 for t in (q.start, q.end))
-        dims = q.dimensions()
-        table = rollup_for({COLUMN[d] for d in dims} | set(q.equalities()), q, day_aligned)
-        columns: list[ColumnElement[Any]] = []
-        if q.interval == "month":
-            columns.append(self._month(table).label("period"))
-        elif q.interval is not None:
-            columns.append(table.c.bucket.label("period"))
-        columns += [table.c[COLUMN[d]].label(d) for d in dims]
-        groups = list(columns)
-        added = COUNTERS + SUMS + ((LATENCY + TTFT) if q.latency else ())
-        stmt = (
-            select(*columns, *(func.sum(table.c[c]).label(c) for c in added))
-            .where(*self._filtered(table, q, table.c.bucket, 1))
-            .group_by(*groups)
-            .order_by(*groups)
-        )
+        """Totals per group (and per period with `interval`), from one statement on the rollups
+        (`summary_sql`)."""
+        stmt, at = summary_statement(self.dialect, q)
         async with self._reader.connect() as conn:
             found = (await conn.execute(stmt)).all()
-        head = len(columns)  # then the sums, in the order of `added`
-        at = {name: head + i for i, name in enumerate(added)}
         # (an aggregate without groups over no rows is one row of nulls)
+        dims = q.dimensions()
         return [summary_row(row, at, q, dims) for row in found if row[at["requests"]] is not None]
 
     async def records(self, q: RecordsQuery) -> tuple[list[dict[str, Any]], str | None]:
         """One page of records, newest first, and the cursor of the next page (None: last)."""
-        conditions = self._filtered(records, q, records.c.ts_ms, 1000)
+        conditions = self._records_within(q)
         if q.cursor is not None:
             ts, record_id = q.cursor.split(":", 1)
             conditions.append(

@@ -12,15 +12,18 @@ from sqlalchemy import Table
 from gateway.usage_store.queries import SummaryQuery
 from gateway.usage_store.schema import (
     KEY_MODEL,
+    KEY_ONLY,
     LATENCY,
     MODEL_ONLY,
     TTFT,
     daily,
     daily_all_keys,
+    daily_key,
     daily_key_model,
     daily_model,
     hourly,
     hourly_all_keys,
+    hourly_key,
     hourly_model,
 )
 from gateway.usage_store.sketch import quantiles
@@ -31,9 +34,13 @@ def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
     if q.interval == "hour" or not day_aligned:
         if columns <= set(MODEL_ONLY):
             return hourly_model
+        if columns <= set(KEY_ONLY) and not q.latency:
+            return hourly_key
         return hourly if "key_id" in columns else hourly_all_keys
     if columns <= set(MODEL_ONLY):
         return daily_model
+    if columns <= set(KEY_ONLY) and not q.latency:
+        return daily_key
     if "key_id" not in columns:
         return daily_all_keys
     if columns <= set(KEY_MODEL) and not q.latency:

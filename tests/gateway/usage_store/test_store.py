@@ -185,12 +185,63 @@ async def test_summaries_by_key_and_model_without_percentiles_read_as_with_them(
         await store.aclose()
 
 
+async def test_totals_over_part_days_read_whole_days_and_the_hours_at_the_ends(
+    store_url: str,
+) -> None:
+    """Totals over a range that is not whole days (whole days in it read from the daily
+    rollups, the hours at its ends from the hourly ones) equal the hourly periods added up,
+    for every table a summary may read; p50/p95 stay within the histogram's bound."""
+    store = await UsageStore.open(store_url)
+    try:
+        batch = _varied(700)  # ~4.7 days from DAY0
+        await store.insert(batch)
+        day0 = datetime.fromtimestamp(DAY0, UTC)
+        counters = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens",
+                    "reasoning_tokens", "cost")  # fmt: skip
+        for start, end in (
+            (day0 + timedelta(hours=5, minutes=20), day0 + timedelta(days=3, hours=7)),
+            (day0 + timedelta(hours=13), day0 + timedelta(days=2)),
+            (day0 + timedelta(days=1), day0 + timedelta(days=3, minutes=1)),
+            (None, day0 + timedelta(days=2, hours=1)),
+            (day0 + timedelta(hours=23), None),
+        ):
+            for group_by in ("", "key", "model", "key,model", "provider,status"):
+                for latency in (True, False):
+                    window = {"start": start, "end": end, "group_by": group_by, "latency": latency}
+                    got = await store.summary(SummaryQuery(**window))
+                    hours = await store.summary(SummaryQuery(interval="hour", **window))
+                    dims = [d for d in group_by.split(",") if d]
+                    expected: dict[tuple[object, ...], dict[str, float]] = {}
+                    for r in hours:
+                        total = expected.setdefault(
+                            tuple(r[d] for d in dims), dict.fromkeys(counters, 0)
+                        )
+                        for name in counters:
+                            total[name] += r[name]
+                    assert {
+                        tuple(r[d] for d in dims): {n: r[n] for n in counters} for r in got
+                    } == {k: pytest.approx(v) for k, v in expected.items()}
+                    # rollups count whole hours: the hours holding the range's ends
+                    low = -math.inf if start is None else start.timestamp() // 3600 * 3600
+                    high = math.inf if end is None else -(-end.timestamp() // 3600) * 3600
+                    inside = [r for r in batch if low <= int(r["ts_ms"]) / 1000 < high]  # type: ignore[call-overload]
+                    assert sum(r["requests"] for r in got) == len(inside) > 0
+                    if latency and not dims:
+                        [row] = got
+                        exact = sorted(float(r["latency_ms"]) for r in inside)  # type: ignore[arg-type]
+                        for q, name in ((0.5, "p50"), (0.95, "p95")):
+                            truth = exact[math.ceil(q * len(exact)) - 1]
+                            assert abs(row["latency_ms"][name] - truth) <= truth * ERROR_BOUND + 0.1
+    finally:
+        await store.aclose()
+
+
 async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
     store_url: str,
 ) -> None:
     """Opening a store written before the all-keys rollups, the key x model totals and the
-    rollups by model existed (its schema at version 1) creates them from the keyed rollups, so
-    every summary reads as before."""
+    rollups by model or key alone existed (its schema at version 1) creates them from the keyed
+    rollups, so every summary reads as before."""
     store = await UsageStore.open(store_url)
     try:
         await store.insert(_varied(400))
@@ -206,6 +257,8 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
             "DROP TABLE usage_day_key_model",
             "DROP TABLE usage_hour_model",
             "DROP TABLE usage_day_model",
+            "DROP TABLE usage_hour_key",
+            "DROP TABLE usage_day_key",
             "DELETE FROM usage_schema WHERE version >= 2",
         ):
             await store.run(statement)

@@ -1,0 +1,99 @@
+"""A summary's one statement: on the narrowest rollup that answers it (`rollup_for`), and for
+totals over a range that is not whole days, on the daily rollup for the whole days in it and
+the hourly rollup for the hours at its ends only, added up in the statement (a week up to now
+reads 6 days and 24 hours, not 168 hours)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import ColumnElement, Select, Table, func, literal, select, union_all
+
+from gateway.usage_store.queries import COLUMN, SummaryQuery
+from gateway.usage_store.rows import DAY_S, HOUR_S
+from gateway.usage_store.schema import COUNTERS, LATENCY, ROLLUPS, SUMS, TTFT
+from gateway.usage_store.summary_rows import rollup_for
+
+
+def summary_statement(dialect: str, q: SummaryQuery) -> tuple[Select[Any], dict[str, int]]:
+    """The statement and, for each sum, its position in a result row (the period, with an
+    interval, and the dimensions come first)."""
+    start = None if q.start is None else int(q.start.timestamp())
+    end = None if q.end is None else int(q.end.timestamp())
+    day_aligned = all(t is None or t % DAY_S == 0 for t in (start, end))
+    dims = q.dimensions()
+    used = {COLUMN[d] for d in dims} | set(q.equalities())
+    added = COUNTERS + SUMS + ((LATENCY + TTFT) if q.latency else ())
+    whole = None if day_aligned or q.interval is not None else _whole_days(start, end)
+    if whole is None:
+        table = rollup_for(used, q, day_aligned)
+        low = None if start is None else start - start % ROLLUPS[table].bucket_s  # its bucket
+        columns = _period(dialect, table, q.interval) + [table.c[COLUMN[d]].label(d) for d in dims]
+        stmt = (
+            select(*columns, *(func.sum(table.c[c]).label(c) for c in added))
+            .where(*_within(table, q, low, end))
+            .group_by(*columns)
+            .order_by(*columns)
+        )
+        return stmt, {name: len(columns) + i for i, name in enumerate(added)}
+    first, last = whole
+    hours, days = rollup_for(used, q, False), rollup_for(used, q, True)
+    parts = []
+    if start is not None and start != first:
+        parts.append(_part(hours, q, dims, added, start - start % HOUR_S, first))
+    parts.append(_part(days, q, dims, added, first, last))
+    if end is not None and end != last:
+        parts.append(_part(hours, q, dims, added, last, end))
+    both = union_all(*parts).subquery()
+    groups = [both.c[d] for d in dims]
+    stmt = (
+        select(*groups, *(func.sum(both.c[c]).label(c) for c in added))
+        .group_by(*groups)
+        .order_by(*groups)
+    )
+    return stmt, {name: len(groups) + i for i, name in enumerate(added)}
+
+
+def _whole_days(start: int | None, end: int | None) -> tuple[int | None, int | None] | None:
+    """The whole UTC days [first, last) inside [start, end) (None: unbounded on that side), or
+    None when there is no whole day in it."""
+    first = None if start is None else -(-start // DAY_S) * DAY_S
+    last = None if end is None else end // DAY_S * DAY_S
+    if first is not None and last is not None and first >= last:
+        return None
+    return first, last
+
+
+def _part(
+    table: Table, q: SummaryQuery, dims: list[str], added: tuple[str, ...], low: int | None,
+    high: int | None,
+) -> Select[Any]:  # fmt: skip
+    columns = [table.c[COLUMN[d]].label(d) for d in dims]
+    return select(*columns, *(table.c[c].label(c) for c in added)).where(
+        *_within(table, q, low, high)
+    )
+
+
+def _within(
+    table: Table, q: SummaryQuery, low: int | None, high: int | None
+) -> list[ColumnElement[bool]]:
+    """The query's equalities, and buckets in [low, high) (None: unbounded)."""
+    conditions: list[ColumnElement[bool]] = [
+        table.c[column] == value for column, value in q.equalities().items()
+    ]
+    if low is not None:
+        conditions.append(table.c.bucket >= low)
+    if high is not None:
+        conditions.append(table.c.bucket < high)
+    return conditions
+
+
+def _period(dialect: str, table: Table, interval: str | None) -> list[ColumnElement[Any]]:
+    if interval is None:
+        return []
+    if interval != "month":
+        return [table.c.bucket.label("period")]
+    if dialect == "sqlite":
+        return [func.strftime("%Y-%m", table.c.bucket, literal("unixepoch")).label("period")]
+    stamp = func.to_timestamp(table.c.bucket).op("AT TIME ZONE")(literal("UTC"))
+    return [func.to_char(stamp, literal("YYYY-MM")).label("period")]
