@@ -6,7 +6,8 @@ Every feature is present or absent (value 1); the scorer sums the weights of tho
   p|<prefix>      the first 4 and 6 letters of words of 5 letters or more (stems: "prove",
                   "proof", "proving" share p|prov)
   f|<word>        the instruction's first word, and f2|<w1> <w2> its first two
-  z|<chars>       CJK character 1- and 2-grams (Chinese has no spaces to split words by)
+  z|<chars>       CJK character 1- and 2-grams of the first 50 CJK characters (Chinese has no
+                  spaces to split words by)
   y|<symbol>      maths and code symbols (= + * / ^ < > % ≤ ≥ √ ∑ ∫ π)
   s|...           structure: the client (s|client=cline), the turn kind (s|turn=new), earlier
                   user turns (s|earlier=0..3), each material kind (s|mat=log), the material's
@@ -25,7 +26,7 @@ from gateway.routing.ask import Ask
 
 _TOKEN = re.compile(r"[a-z][a-z'_]*|\d+(?:\.\d+)?|[=+*/^<>%≤≥√∑∫π]|[\u3400-\u9fff]+")
 _MAX_TOKENS = 60  # of the instruction (it is clipped to 300 characters already)
-_MAX_CJK = 100  # CJK characters read (the cost per decision is bounded by these two)
+_MAX_CJK = 50  # CJK characters read (the cost per decision is bounded by these two)
 
 
 Group = tuple[str, list[str]]  # a prefix ("w|", ...) and the keys after it
@@ -60,19 +61,21 @@ def groups(ask: Ask) -> list[Group]:
     cjk: list[str] = []
     numbers = 0
     budget = _MAX_CJK  # CJK characters still to read
+    add_word = words.append
     for token in _TOKEN.findall(text)[:_MAX_TOKENS]:
         first = token[0]
         if first >= "\u3400":  # a CJK run
-            run = token[:budget]
-            budget -= len(run)
-            cjk.extend(run)
-            cjk.extend(map(str.__add__, run, run[1:]))
-            words.append("<zh>")
+            add_word("<zh>")
+            if budget:
+                run = token[:budget]
+                budget -= len(run)
+                cjk += run
+                cjk += map(str.__add__, run, run[1:])
         elif first.isdigit():
             numbers += 1
-            words.append("0")
+            add_word("0")
         elif first.isalpha():
-            words.append(token)
+            add_word(token)
             if len(token) >= 5:
                 prefixes.append(token[:4])
                 prefixes.append(token[:6])

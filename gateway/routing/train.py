@@ -166,7 +166,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=SHIPPED)
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--l2", type=float, nargs="+", default=[3e-4, 1e-3, 3e-3])
+    parser.add_argument("--l2", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4, 1e-3])
     parser.add_argument("--max-fast-on", type=float, default=0.08)
     parser.add_argument("--keep", type=int, default=40_000)
     args = parser.parse_args()
