@@ -68,7 +68,8 @@ _LOG_LINE = re.compile(
 )
 _TRACE_LINE = re.compile(
     r"^\s*+(?:at [\w.$<>]+\(|File \"[^\"]+\", line \d|Traceback \(most recent|"
-    r"goroutine \d+|thread '[^']*' panicked|\w+(?:\.\w+)*(?:Error|Exception): |#\d+ 0x)"
+    r"goroutine \d+|thread '[^']*' panicked|#\d+ 0x|"
+    r"\w++(?:\.\w++)*+(?:(?<=Error)|(?<=Exception)): )"  # a dotted name ending in Error: ...
 )
 _QUOTE_LINE = re.compile(r"^\s*+(?:>|\|)")
 _MAIL_LINE = re.compile(
