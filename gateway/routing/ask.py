@@ -44,7 +44,7 @@ Turn = Literal["new", "continue", "tool"]
 MATERIAL_KINDS = ("context", "code", "log", "trace", "config", "quote", "document", "tool")
 _MAX_INSTRUCTION = 300  # characters scored: the ask's head (2/3) and tail (1/3) beyond it
 _MAX_SCAN = 20_000  # characters of one message read at all (bounded cost)
-_EDGE_LINES = 12  # lines read one by one at each end of a long text
+_EDGE_LINES = 8  # lines read one by one at each end of a long text
 
 # Client wrappers: blocks removed whole (context), and blocks whose body is the instruction.
 _CONTEXT_BLOCK = re.compile(

@@ -6,7 +6,7 @@ Every feature is present or absent (value 1); the scorer sums the weights of tho
   p|<prefix>      the first 4 and 6 letters of words of 5 letters or more (stems: "prove",
                   "proof", "proving" share p|prov)
   f|<word>        the instruction's first word, and f2|<w1> <w2> its first two
-  z|<chars>       CJK character 1- and 2-grams of the first 50 CJK characters (Chinese has no
+  z|<chars>       CJK character 1- and 2-grams of the first 32 CJK characters (Chinese has no
                   spaces to split words by)
   y|<symbol>      maths and code symbols (= + * / ^ < > % ≤ ≥ √ ∑ ∫ π)
   s|...           structure: the client (s|client=cline), the turn kind (s|turn=new), earlier
@@ -25,8 +25,8 @@ import re
 from gateway.routing.ask import Ask
 
 _TOKEN = re.compile(r"[a-z][a-z'_]*|\d+(?:\.\d+)?|[=+*/^<>%≤≥√∑∫π]|[\u3400-\u9fff]+")
-_MAX_TOKENS = 60  # of the instruction (it is clipped to 300 characters already)
-_MAX_CJK = 50  # CJK characters read (the cost per decision is bounded by these two)
+_MAX_TOKENS = 40  # of the instruction (it is clipped to 300 characters already)
+_MAX_CJK = 32  # CJK characters read (the cost per decision is bounded by these two)
 
 
 Group = tuple[str, list[str]]  # a prefix ("w|", ...) and the keys after it
