@@ -11,8 +11,9 @@ growing with models and periods, not with keys.
 `usage_day_key_model`: per day, key and model, the counters and sums without the histograms,
 keyed (key, model, day) so that totals per key or per key and model over a range are read in
 key order: what a summary by key and model without percentiles reads.
-`usage_hour_model` and `usage_day_model`: the same by model alone (a few rows a period): what a
-summary over every key by model, or by nothing but the period, reads (a console's plots).
+`usage_hour_model_provider` and `usage_day_model_provider`: the same by model and provider only
+(a few dozen rows a period): what a summary over every key by model and/or provider, or by
+nothing but the period, reads (a console's plots).
 `usage_hour_key` and `usage_day_key`: per key alone, the counters and sums without the
 histograms (one row per active key a period): what a summary by key without percentiles reads
 (a console's top keys, a key's budget use).
@@ -145,15 +146,15 @@ class Rollup:
 
 
 KEY_MODEL = ("key_id", "model")
-MODEL_ONLY = ("model",)
+MODEL_PROVIDER = ("model", "provider")
 KEY_ONLY = ("key_id",)
 hourly = _rollup("usage_hour", DIMENSIONS)
 daily = _rollup("usage_day", DIMENSIONS)
 hourly_all_keys = _rollup("usage_hour_all_keys", ALL_KEYS)
 daily_all_keys = _rollup("usage_day_all_keys", ALL_KEYS)
 daily_key_model = _rollup("usage_day_key_model", KEY_MODEL, TOTALS, key_first=True)
-hourly_model = _rollup("usage_hour_model", MODEL_ONLY)
-daily_model = _rollup("usage_day_model", MODEL_ONLY)
+hourly_model_provider = _rollup("usage_hour_model_provider", MODEL_PROVIDER)
+daily_model_provider = _rollup("usage_day_model_provider", MODEL_PROVIDER)
 hourly_key = _rollup("usage_hour_key", KEY_ONLY, TOTALS)
 daily_key = _rollup("usage_day_key", KEY_ONLY, TOTALS)
 ROLLUPS = {
@@ -162,8 +163,8 @@ ROLLUPS = {
     hourly_all_keys: Rollup(3600, ALL_KEYS, ADDED),
     daily_all_keys: Rollup(86_400, ALL_KEYS, ADDED),
     daily_key_model: Rollup(86_400, KEY_MODEL, TOTALS),
-    hourly_model: Rollup(3600, MODEL_ONLY, ADDED),
-    daily_model: Rollup(86_400, MODEL_ONLY, ADDED),
+    hourly_model_provider: Rollup(3600, MODEL_PROVIDER, ADDED),
+    daily_model_provider: Rollup(86_400, MODEL_PROVIDER, ADDED),
     hourly_key: Rollup(3600, KEY_ONLY, TOTALS),
     daily_key: Rollup(86_400, KEY_ONLY, TOTALS),
 }
@@ -195,13 +196,13 @@ def _v2(conn: Connection) -> None:
 
 
 def _v3(conn: Connection) -> None:
-    """The rollups by model alone and the totals by key alone, filled from the all-keys and the
-    keyed ones."""
+    """The rollups by model and provider and the totals by key alone, filled from the all-keys
+    and the keyed ones."""
     _fill(
         conn,
         (
-            (hourly_model, hourly_all_keys),
-            (daily_model, daily_all_keys),
+            (hourly_model_provider, hourly_all_keys),
+            (daily_model_provider, daily_all_keys),
             (hourly_key, hourly),
             (daily_key, daily),
         ),

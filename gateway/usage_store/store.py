@@ -2,11 +2,11 @@
 
   - `insert(rows)`: stores rows idempotently by record id and, in the same transaction, adds
     the rows it had not stored before to the hourly and daily rollups (`schema.py`: keyed,
-    all-keys, by model, by key, key x model); returns how many were new. Safe to run from any
-    number of processes at once.
+    all-keys, by model and provider, by key, key x model); returns how many were new. Safe to
+    run from any number of processes at once.
   - `summary`, `records`, `export`: the admin API's reads; every summary is one statement on
-    the narrowest rollups that answer it (`summary_sql.py`): by model alone when the summary
-    groups and filters by nothing but the model, by key alone or key x model without
+    the narrowest rollups that answer it (`summary_sql.py`): by model and provider when the
+    summary groups and filters by nothing else, by key alone or key x model without
     percentiles, all-keys when it neither groups nor filters by key, else keyed; totals over
     a range that is not whole days read its whole days from the daily rollup.
   - `purge(now_s)`: retention (raw rows after `retention_days`, rollups after
@@ -44,17 +44,17 @@ from gateway.usage_store.rows import DAY_S, HOUR_S, Grain, coarser, rollups_at
 from gateway.usage_store.schema import (
     ALL_KEYS,
     KEY_ONLY,
-    MODEL_ONLY,
+    MODEL_PROVIDER,
     ROLLUPS,
     daily,
     daily_all_keys,
     daily_key,
     daily_key_model,
-    daily_model,
+    daily_model_provider,
     hourly,
     hourly_all_keys,
     hourly_key,
-    hourly_model,
+    hourly_model_provider,
     migrate,
     records,
 )
@@ -145,10 +145,12 @@ class UsageStore:
                 await self._sql.add_rollups(conn, hourly_all_keys, all_hours)
                 all_days = coarser(all_hours, DAY_S, ALL_KEYS, ALL_KEYS)
                 await self._sql.add_rollups(conn, daily_all_keys, all_days)
-                model_hours = coarser(all_hours, HOUR_S, MODEL_ONLY, ALL_KEYS)
-                await self._sql.add_rollups(conn, hourly_model, model_hours)
-                model_days = coarser(model_hours, DAY_S, MODEL_ONLY, MODEL_ONLY)
-                await self._sql.add_rollups(conn, daily_model, model_days)
+                model_provider_hours = coarser(all_hours, HOUR_S, MODEL_PROVIDER, ALL_KEYS)
+                await self._sql.add_rollups(conn, hourly_model_provider, model_provider_hours)
+                model_provider_days = coarser(
+                    model_provider_hours, DAY_S, MODEL_PROVIDER, MODEL_PROVIDER
+                )
+                await self._sql.add_rollups(conn, daily_model_provider, model_provider_days)
                 await self._sql.add_rollups(conn, hourly_key, key_hours)
                 key_days = coarser(key_hours, DAY_S, KEY_ONLY, KEY_ONLY)
                 await self._sql.add_rollups(conn, daily_key, key_days)

@@ -14,17 +14,17 @@ from gateway.usage_store.schema import (
     KEY_MODEL,
     KEY_ONLY,
     LATENCY,
-    MODEL_ONLY,
+    MODEL_PROVIDER,
     TTFT,
     daily,
     daily_all_keys,
     daily_key,
     daily_key_model,
-    daily_model,
+    daily_model_provider,
     hourly,
     hourly_all_keys,
     hourly_key,
-    hourly_model,
+    hourly_model_provider,
 )
 from gateway.usage_store.sketch import quantiles
 
@@ -32,13 +32,13 @@ from gateway.usage_store.sketch import quantiles
 def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
     """The narrowest rollup that answers a summary over `columns` (grouped or filtered)."""
     if q.interval == "hour" or not day_aligned:
-        if columns <= set(MODEL_ONLY):
-            return hourly_model
+        if columns <= set(MODEL_PROVIDER):
+            return hourly_model_provider
         if columns <= set(KEY_ONLY) and not q.latency:
             return hourly_key
         return hourly if "key_id" in columns else hourly_all_keys
-    if columns <= set(MODEL_ONLY):
-        return daily_model
+    if columns <= set(MODEL_PROVIDER):
+        return daily_model_provider
     if columns <= set(KEY_ONLY) and not q.latency:
         return daily_key
     if "key_id" not in columns:
