@@ -117,10 +117,16 @@ TOTALS = COUNTERS + SUMS  # the rollup columns without the histograms (a prefix 
 
 
 def _rollup(
-    name: str, dims: tuple[str, ...], added: tuple[str, ...] = ADDED, key_first: bool = False
+    name: str,
+    dims: tuple[str, ...],
+    added: tuple[str, ...] = ADDED,
+    key_first: bool = False,
+    clustered: bool = False,
 ) -> Table:
-    """A rollup table: primary key (bucket, *dims), or with `key_first` (*dims, bucket) and no
-    rowid on SQLite (rows stored in that order); the `added` columns."""
+    """A rollup table: primary key (bucket, *dims), or with `key_first` (*dims, bucket); the
+    `added` columns. `key_first` and `clustered` tables have no rowid on SQLite: their rows are
+    stored in primary-key order, so a range of it is read without a lookup per row (for narrow
+    rows; wide ones keep the rowid)."""
     keyed: list[SchemaItem] = [Column(d, _DIMENSION_TYPES[d], primary_key=True) for d in dims]
     columns: list[SchemaItem] = [
         Column(c, BigInteger, nullable=False, default=0)
@@ -135,7 +141,9 @@ def _rollup(
         key = PrimaryKeyConstraint(*dims, "bucket")
         return Table(name, metadata, *keyed, bucket, *columns, key, sqlite_with_rowid=False)
     indexes = [Index(f"{name}_key_bucket", "key_id", "bucket")] if "key_id" in dims else []
-    return Table(name, metadata, bucket, *keyed, *columns, *indexes)
+    return Table(
+        name, metadata, bucket, *keyed, *columns, *indexes, sqlite_with_rowid=not clustered
+    )
 
 
 @record
@@ -155,8 +163,8 @@ daily_all_keys = _rollup("usage_day_all_keys", ALL_KEYS)
 daily_key_model = _rollup("usage_day_key_model", KEY_MODEL, TOTALS, key_first=True)
 hourly_model_provider = _rollup("usage_hour_model_provider", MODEL_PROVIDER)
 daily_model_provider = _rollup("usage_day_model_provider", MODEL_PROVIDER)
-hourly_key = _rollup("usage_hour_key", KEY_ONLY, TOTALS)
-daily_key = _rollup("usage_day_key", KEY_ONLY, TOTALS)
+hourly_key = _rollup("usage_hour_key", KEY_ONLY, TOTALS, clustered=True)
+daily_key = _rollup("usage_day_key", KEY_ONLY, TOTALS, clustered=True)
 ROLLUPS = {
     hourly: Rollup(3600, DIMENSIONS, ADDED),
     daily: Rollup(86_400, DIMENSIONS, ADDED),
