@@ -14,9 +14,9 @@ key order: what a summary by key and model without percentiles reads.
 `usage_hour_model_provider` and `usage_day_model_provider`: the same by model and provider only
 (a few dozen rows a period): what a summary over every key by model and/or provider, or by
 nothing but the period, reads (a console's plots).
-`usage_hour_key` and `usage_day_key`: per key alone (one row per active key a period), the
-hours without the histograms: what a summary by key reads (a console's top keys, a key's
-budget use, usage by key with p50/p95 per day).
+`usage_hour_key` and `usage_day_key`: per key alone, the counters and sums without the
+histograms (one row per active key a period): what a summary by key without percentiles reads
+(a console's top keys, a key's budget use).
 `usage_schema`: the versions applied.
 """
 
@@ -164,7 +164,7 @@ daily_key_model = _rollup("usage_day_key_model", KEY_MODEL, TOTALS, key_first=Tr
 hourly_model_provider = _rollup("usage_hour_model_provider", MODEL_PROVIDER)
 daily_model_provider = _rollup("usage_day_model_provider", MODEL_PROVIDER)
 hourly_key = _rollup("usage_hour_key", KEY_ONLY, TOTALS, clustered=True)
-daily_key = _rollup("usage_day_key", KEY_ONLY, ADDED, clustered=True)
+daily_key = _rollup("usage_day_key", KEY_ONLY, TOTALS, clustered=True)
 ROLLUPS = {
     hourly: Rollup(3600, DIMENSIONS, ADDED),
     daily: Rollup(86_400, DIMENSIONS, ADDED),
@@ -174,7 +174,7 @@ ROLLUPS = {
     hourly_model_provider: Rollup(3600, MODEL_PROVIDER, ADDED),
     daily_model_provider: Rollup(86_400, MODEL_PROVIDER, ADDED),
     hourly_key: Rollup(3600, KEY_ONLY, TOTALS),
-    daily_key: Rollup(86_400, KEY_ONLY, ADDED),
+    daily_key: Rollup(86_400, KEY_ONLY, TOTALS),
 }
 
 

@@ -43,6 +43,7 @@ from gateway.usage_store.queries import ExportQuery, Filters, RecordsQuery, Summ
 from gateway.usage_store.rows import DAY_S, HOUR_S, Grain, coarser, rollups_at
 from gateway.usage_store.schema import (
     ALL_KEYS,
+    KEY_ONLY,
     MODEL_PROVIDER,
     ROLLUPS,
     daily,
@@ -65,7 +66,7 @@ _MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
 # folded from the hourly ones): the keyed and all-keys hours, the key x model days' totals.
 _GRAINS: tuple[Grain, ...] = tuple(
     (ROLLUPS[t].bucket_s, ROLLUPS[t].dims, len(ROLLUPS[t].added))
-    for t in (hourly, hourly_all_keys, daily_key_model, hourly_key, daily_key)
+    for t in (hourly, hourly_all_keys, daily_key_model, hourly_key)
 )
 
 
@@ -138,7 +139,7 @@ class UsageStore:
             new = await self._sql.insert_records(conn, unique)
             fresh = [row for row in unique if row["record_id"] in new]
             if fresh:
-                hours, all_hours, key_model, key_hours, key_days = rollups_at(fresh, _GRAINS)
+                hours, all_hours, key_model, key_hours = rollups_at(fresh, _GRAINS)
                 await self._sql.add_rollups(conn, hourly, hours)
                 await self._sql.add_rollups(conn, daily, coarser(hours, DAY_S))
                 await self._sql.add_rollups(conn, hourly_all_keys, all_hours)
@@ -151,6 +152,7 @@ class UsageStore:
                 )
                 await self._sql.add_rollups(conn, daily_model_provider, model_provider_days)
                 await self._sql.add_rollups(conn, hourly_key, key_hours)
+                key_days = coarser(key_hours, DAY_S, KEY_ONLY, KEY_ONLY)
                 await self._sql.add_rollups(conn, daily_key, key_days)
                 await self._sql.add_rollups(conn, daily_key_model, key_model)
         return len(fresh)

@@ -39,7 +39,7 @@ def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
         return hourly if "key_id" in columns else hourly_all_keys
     if columns <= set(MODEL_PROVIDER):
         return daily_model_provider
-    if columns <= set(KEY_ONLY):
+    if columns <= set(KEY_ONLY) and not q.latency:
         return daily_key
     if "key_id" not in columns:
         return daily_all_keys
