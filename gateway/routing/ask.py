@@ -14,6 +14,7 @@ What counts as material, removed from the instruction:
     instructions` with <INSTRUCTIONS>, <user_instructions>; Cline's <task> and <feedback> hold
     the instruction itself;
   - fenced code blocks (```), and XML-like document blocks (<document>, <file>, <log>, ...);
+    these and the pasted lines below are found by `pasted.py`;
   - lines that look pasted: log lines (a timestamp or level first), stack-trace frames, quoted
     lines ("> "), e-mail headers, indented or symbol-heavy code, `key: value` / `key = value`
     configuration lines;
@@ -37,6 +38,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from gateway.routing.pasted import code_kind, remove_documents, remove_fences, split_lines
 from plumbing.record import record
 from providers.types import ChatRequest, Message
 
@@ -44,7 +46,6 @@ Turn = Literal["new", "continue", "tool"]
 MATERIAL_KINDS = ("context", "code", "log", "trace", "config", "quote", "document", "tool")
 _MAX_INSTRUCTION = 300  # characters scored: the ask's head (2/3) and tail (1/3) beyond it
 _MAX_SCAN = 20_000  # characters of one message read at all (bounded cost)
-_EDGE_LINES = 8  # lines read one by one at each end of a long text
 
 # Client wrappers: blocks removed whole (context), and blocks whose body is the instruction.
 # A context block runs from its opening tag to its closing tag or the end (`_without_context`).
@@ -55,37 +56,6 @@ _CONTEXT_OPEN = re.compile(
 _AGENTS_MD = re.compile(r"^# AGENTS\.md instructions for [^\n]*\n?", re.M)
 _INSTRUCTION_BLOCK = re.compile(r"<(task|feedback|user_message|user_query)>(.*?)(?:</\1>|\Z)", re.S)
 _CLINE_RESULT = re.compile(r"^\[([a-z_]+)(?: for [^\]]*)?\] Result:", re.M)
-_DOC_BLOCK = re.compile(
-    r"<(document|file|log|logs|email|article|text|code|config|diff|output|source)\b[^>]*>"
-    r".*?(?:</\1>|\Z)",
-    re.S,
-)
-
-# Pasted lines.
-_LOG_LINE = re.compile(
-    r"^\s*+(?:\[?\d{4}[-/]\d\d[-/]\d\d|\[?\d\d:\d\d:\d\d|\d{10,}|\[?(?:DEBUG|INFO|WARN|WARNING"
-    r"|ERROR|FATAL|TRACE|CRITICAL|E\d{4}|I\d{4}|W\d{4})\b)"
-)
-_TRACE_LINE = re.compile(
-    r"^\s*+(?:at [\w.$<>]+\(|File \"[^\"]+\", line \d|Traceback \(most recent|"
-    r"goroutine \d+|thread '[^']*' panicked|#\d+ 0x|"
-    r"\w++(?:\.\w++)*+(?:(?<=Error)|(?<=Exception)): )"  # a dotted name ending in Error: ...
-)
-_QUOTE_LINE = re.compile(r"^\s*+(?:>|\|)")
-_MAIL_LINE = re.compile(
-    r"^\s*+(?i:From|To|Cc|Subject|Date|Sent|发件人|收件人|主题|抄送|日期)\s*[:：]"
-)
-_CONFIG_LINE = re.compile(
-    r"^\s*+(?:- )?[\w.\-\"']{1,30}(?: [\w.\-]{1,20}){0,2}\s*(?:[:=]\s*\S|[:=]\s*$)"
-)
-# A code line: indented, or ending in ; { or } (checked on the line's end, not by a regex), or
-# led by a keyword; and not ending like a sentence.
-_CODE_START = re.compile(r"\s*+(?:def |class |import |from \S+ import |#include|//)")
-_CODE_END, _SENTENCE_END = ";{}", ".?!。？！"
-_LINE_HEAD = re.compile(
-    f"(?P<trace>{_TRACE_LINE.pattern})|(?P<log>{_LOG_LINE.pattern})"
-    f"|(?P<quote>{_QUOTE_LINE.pattern}|{_MAIL_LINE.pattern})"
-)
 # Text quoted inside the ask ("translate this: '...'", 把这句“...”翻译成英文) is material too, when
 # long enough not to be a name or a phrase the ask is about.
 _QUOTE_MARKS = re.compile(r"[\"“‘「『']")
@@ -98,7 +68,7 @@ _ASK_LINE = re.compile(r"[.?!。？！:：]\s*$")
 _ATTACHED = re.compile(
     r"^\s*+(?:附件?|原文|正文|日志|以下是|attached|original|text|log|output)\s*[:：]", re.I
 )
-_CJK = re.compile(r"[\u3400-\u9fff]")
+
 
 # A user turn that continues the work without an ask of its own (the whole ask, lower-cased,
 # punctuation stripped).
@@ -257,14 +227,14 @@ def _user_ask(raw: str, client: str, earlier: int, turn: Turn) -> Ask:
         material += len(text) - len(stripped)
     if wrapped is not None:
         stripped = wrapped
-    body, code = _remove_fences(stripped) if "```" in stripped else (stripped, "")
+    body, code = remove_fences(stripped) if "```" in stripped else (stripped, "")
     if code:
-        kinds.add("log" if _LOG_LINE.search(code) else "code")
-    body, docs = _remove(_DOC_BLOCK, body) if "<" in body else (body, "")
+        kinds.add(code_kind(code))
+    body, docs = remove_documents(body) if "<" in body else (body, "")
     if docs:
         kinds.add("document")
     material += len(code) + len(docs)
-    prose, pasted = _split_lines(body, kinds)
+    prose, pasted = split_lines(body, kinds)
     material += pasted
     instruction = _instruction(prose, kinds)
     material += max(len("\n".join(prose)) - len(instruction), 0)
@@ -276,82 +246,6 @@ def _user_ask(raw: str, client: str, earlier: int, turn: Turn) -> Ask:
             material += quoted - len(instruction)
     ordered = tuple(k for k in MATERIAL_KINDS if k in kinds)
     return Ask(_clip(instruction), ordered, material, client, turn, earlier)
-
-
-def _remove_fences(text: str) -> tuple[str, str]:
-    """`text` without its fenced blocks (from a ``` line to the next ``` or the end), and their
-    bodies joined: what a regex with a lazy body does, by `str.find` (it is 20x faster on a long
-    paste)."""
-    kept: list[str] = []
-    bodies: list[str] = []
-    pos = 0
-    while (start := text.find("```", pos)) != -1:
-        line_end = text.find("\n", start + 3)
-        body_start = len(text) if line_end == -1 else line_end + 1
-        end = text.find("```", body_start)
-        end = len(text) if end == -1 else end
-        kept.append(text[pos:start])
-        bodies.append(text[body_start:end])
-        pos = min(end + 3, len(text))
-    kept.append(text[pos:])
-    return "\n".join(kept), "\n".join(bodies)
-
-
-def _remove(pattern: re.Pattern[str], text: str) -> tuple[str, str]:
-    """`text` without the pattern's matches, and the matches' bodies joined."""
-    bodies: list[str] = []
-
-    def cut(match: re.Match[str]) -> str:
-        bodies.append(match.group(match.lastindex or 0))
-        return "\n"
-
-    return pattern.sub(cut, text), "\n".join(bodies)
-
-
-def _split_lines(body: str, kinds: set[str]) -> tuple[list[str], int]:
-    """The prose lines (blank lines kept as paragraph breaks) and the pasted lines' size. Of a
-    text of many lines only the first and last `_EDGE_LINES` are read line by line (an ask
-    sits before or after what it carries); the lines between are pasted material."""
-    pasted = 0
-    lines = body.split("\n")
-    num_lines = len(lines)
-    if num_lines > 3 * _EDGE_LINES:
-        middle = lines[_EDGE_LINES:-_EDGE_LINES]
-        pasted += sum(map(len, middle)) + len(middle)
-        kinds.add("document")
-        lines = [*lines[:_EDGE_LINES], "", *lines[-_EDGE_LINES:]]
-    prose: list[str] = []
-    for line in lines:
-        kind = _pasted_kind(line, num_lines)
-        if kind is None:
-            prose.append(line)
-        else:
-            kinds.add(kind)
-            pasted += len(line) + 1
-    return prose, pasted
-
-
-def _pasted_kind(line: str, num_lines: int) -> str | None:
-    if not line or line.isspace():
-        return None
-    head = _LINE_HEAD.match(line)  # trace, log, quote and mail lines: one match
-    if head is not None:
-        return head.lastgroup
-    if num_lines <= 2:
-        return None
-    end = line.rstrip()[-1]  # the line is not blank
-    if end not in _SENTENCE_END and (
-        end in _CODE_END or line.startswith(("    ", "\t")) or _CODE_START.match(line)
-    ):
-        return "code"
-    if (
-        len(line) < 120
-        and ("=" in line or ":" in line)
-        and _CONFIG_LINE.match(line)
-        and not _CJK.search(line[:8])
-    ):
-        return "config"
-    return None
 
 
 def _instruction(prose: list[str], kinds: set[str]) -> str:
