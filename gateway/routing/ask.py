@@ -43,6 +43,7 @@ from plumbing.record import record
 from providers.types import ChatRequest, Message
 
 Turn = Literal["new", "continue", "tool"]
+Unwrapped = tuple[str | None, str]  # see _unwrapped
 MATERIAL_KINDS = ("context", "code", "log", "trace", "config", "quote", "document", "tool")
 _MAX_INSTRUCTION = 300  # characters scored: the ask's head (2/3) and tail (1/3) beyond it
 _MAX_SCAN = 20_000  # characters of one message read at all (bounded cost)
@@ -103,14 +104,15 @@ def ask_of(request: ChatRequest) -> Ask:
     last = _last_turn(messages, users)
     if last is None:
         return Ask("", (), 0, client, "new", 0)
-    turn = _turn_of(messages[last])
+    message = messages[last]
+    turn, unwrapped = _classify(message)
     earlier = sum(1 for i in users if i < last)
     if turn == "new":
-        return _user_ask(messages[last].text, client, earlier, "new")
+        return _user_ask(message.text, client, earlier, "new", unwrapped)
     anchor = _anchor(messages, users, last, client)
     if turn == "tool":
-        return Ask("", ("tool",), len(messages[last].text), client, turn, earlier, anchor)
-    instruction = _user_ask(messages[last].text, client, earlier, turn).instruction
+        return Ask("", ("tool",), len(message.text), client, turn, earlier, anchor)
+    instruction = _user_ask(message.text, client, earlier, turn, unwrapped).instruction
     return Ask(instruction, (), 0, client, turn, earlier, anchor)
 
 
@@ -140,35 +142,42 @@ def _anchor(
     earlier = [u for u in users if u < before]
     for n in range(len(earlier) - 1, -1, -1):
         message = messages[earlier[n]]
-        if _turn_of(message) != "new":
+        turn, unwrapped = _classify(message)
+        if turn != "new":
             continue
-        ask = _user_ask(message.text, client, n, "new")
+        ask = _user_ask(message.text, client, n, "new", unwrapped)
         if ask.instruction:
             return ask
     return None
 
 
 def _turn_of(message: Message) -> Turn:
+    return _classify(message)[0]
+
+
+def _classify(message: Message) -> tuple[Turn, Unwrapped | None]:
+    """The turn's kind and, for a user turn, its text unwrapped (`_unwrapped`), which reading
+    its ask needs again."""
     if message.role == "tool":
-        return "tool"
+        return "tool", None
     text = message.text[:_MAX_SCAN]
     result = _CLINE_RESULT.match(text)
     if result is not None and result.group(1) != "attempt_completion":
-        return "tool"
+        return "tool", None
     if result is not None and "<feedback>" not in text:
-        return "tool"
+        return "tool", None
+    unwrapped = _unwrapped(text)
     instruction = text
     if "<" in text:
-        wrapped = _strip_wrappers(text)
-        instruction = _without_context(text) if wrapped is None else wrapped
-        if wrapped is None and "AGENTS.md" in instruction:
-            instruction = _AGENTS_MD.sub("", instruction)
+        wrapped, stripped = unwrapped
+        instruction = stripped if wrapped is None else wrapped
     words = _PUNCT.sub(" ", instruction[:200].lower()).strip()
     if not words and text.strip():
-        return "continue"  # context only (a Codex environment message): the work goes on
+        # context only (a Codex environment message): the work goes on
+        return "continue", unwrapped
     if words and len(words) <= 40 and _CONTINUE.match(words):
-        return "continue"
-    return "new"
+        return "continue", unwrapped
+    return "new", unwrapped
 
 
 def _client(messages: tuple[Message, ...]) -> str:
@@ -213,15 +222,26 @@ def _strip_wrappers(text: str) -> str | None:
     return "\n".join(found).strip() if found else None
 
 
-def _user_ask(raw: str, client: str, earlier: int, turn: Turn) -> Ask:
-    text = raw[:_MAX_SCAN]
-    kinds: set[str] = set()
-    material = len(raw) - len(text)
+def _unwrapped(text: str) -> Unwrapped:
+    """(the instruction inside the client's <task>/<feedback> blocks, None without them; `text`
+    without its context blocks and AGENTS.md heading)."""
     tagged = "<" in text  # the regexes below run only where they can match
     wrapped = _strip_wrappers(text) if tagged else None
     stripped = _without_context(text) if tagged else text
     if "AGENTS.md" in stripped:
         stripped = _AGENTS_MD.sub("", stripped)
+    return wrapped, stripped
+
+
+def _user_ask(
+    raw: str, client: str, earlier: int, turn: Turn, unwrapped: Unwrapped | None = None
+) -> Ask:
+    """`unwrapped`: `_unwrapped` of the text's first `_MAX_SCAN` characters, where it was read
+    already (classifying the turn)."""
+    text = raw[:_MAX_SCAN]
+    kinds: set[str] = set()
+    material = len(raw) - len(text)
+    wrapped, stripped = _unwrapped(text) if unwrapped is None else unwrapped
     if wrapped is not None or len(stripped) < len(text):
         kinds.add("context")
         material += len(text) - len(stripped)
