@@ -1,8 +1,9 @@
 """The SQL usage store: the Redis usage stream's records kept in SQLite or PostgreSQL.
 
 `schema` (tables and versioned migrations), `store` (inserts with rollups, the reads,
-retention) with the SQL it runs written per driver in `insert_sql` and `export_sql`, and
-`summary_rows` (which rollup a summary reads, and its rows as returned),
+retention) with the SQL it runs written per driver in `insert_sql` and `export_sql`,
+`summary_sql` (which rollups a summary reads, in one statement) and `summary_rows` (its rows as
+returned),
 `consumer` and `service` (the consumer group that moves the stream into the store, opened with
 the app), `rows` and `sketch` (a record's row and the latency histogram), `pricing` (cost at
 settlement), `queries` (summaries, records, CSV export), `admin` and `cli` (the reports over

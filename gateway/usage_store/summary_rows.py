@@ -1,5 +1,5 @@
-"""A summary's rollup table (the narrowest that answers it) and its result rows as the admin
-API returns them (totals, cache hit rate, cost, p50/p95 read off the summed histograms)."""
+"""A summary's result rows as the admin API returns them (totals, cache hit rate, cost, p50/p95
+read off the summed histograms)."""
 
 from __future__ import annotations
 
@@ -7,45 +7,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Table
-
 from gateway.usage_store.queries import SummaryQuery
-from gateway.usage_store.schema import (
-    KEY_MODEL,
-    KEY_ONLY,
-    LATENCY,
-    MODEL_PROVIDER,
-    TTFT,
-    daily,
-    daily_all_keys,
-    daily_key,
-    daily_key_model,
-    daily_model_provider,
-    hourly,
-    hourly_all_keys,
-    hourly_key,
-    hourly_model_provider,
-)
+from gateway.usage_store.schema import LATENCY, TTFT
 from gateway.usage_store.sketch import quantiles
-
-
-def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
-    """The narrowest rollup that answers a summary over `columns` (grouped or filtered)."""
-    if q.interval == "hour" or not day_aligned:
-        if columns <= set(MODEL_PROVIDER):
-            return hourly_model_provider
-        if columns <= set(KEY_ONLY) and not q.latency:
-            return hourly_key
-        return hourly if "key_id" in columns else hourly_all_keys
-    if columns <= set(MODEL_PROVIDER):
-        return daily_model_provider
-    if columns <= set(KEY_ONLY) and not q.latency:
-        return daily_key
-    if "key_id" not in columns:
-        return daily_all_keys
-    if columns <= set(KEY_MODEL) and not q.latency:
-        return daily_key_model
-    return daily
 
 
 def _period(value: Any, interval: str | None) -> str | None:

@@ -11,8 +11,36 @@ from sqlalchemy import ColumnElement, Select, Table, func, literal, select, unio
 
 from gateway.usage_store.queries import COLUMN, SummaryQuery
 from gateway.usage_store.rows import DAY_S, HOUR_S
-from gateway.usage_store.schema import COUNTERS, LATENCY, ROLLUPS, SUMS, TTFT
-from gateway.usage_store.summary_rows import rollup_for
+from gateway.usage_store.schema import (
+    COUNTERS,
+    LATENCY,
+    ROLLUPS,
+    SUMS,
+    TTFT,
+    daily,
+    daily_all_keys,
+    daily_key,
+    daily_key_model,
+    daily_model_provider,
+    hourly,
+    hourly_all_keys,
+    hourly_key,
+    hourly_model_provider,
+)
+
+# The rollups, fewest rows a period first (what the data makes of them, not their width: a
+# day by model and provider holds a few dozen rows, by key and model one per key and model).
+_NARROWEST_FIRST = (
+    hourly_model_provider,
+    daily_model_provider,
+    hourly_key,
+    daily_key,
+    hourly_all_keys,
+    daily_all_keys,
+    daily_key_model,
+    hourly,
+    daily,
+)
 
 
 def summary_statement(dialect: str, q: SummaryQuery) -> tuple[Select[Any], dict[str, int]]:
@@ -52,6 +80,22 @@ def summary_statement(dialect: str, q: SummaryQuery) -> tuple[Select[Any], dict[
         .order_by(*groups)
     )
     return stmt, {name: len(groups) + i for i, name in enumerate(added)}
+
+
+def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
+    """The narrowest rollup that answers a summary over `columns` (grouped or filtered): of its
+    grain (hourly for an hourly interval or a range not in whole days), holding those columns,
+    and the latency histograms when the summary reads p50/p95."""
+    bucket_s = HOUR_S if q.interval == "hour" or not day_aligned else DAY_S
+    for table in _NARROWEST_FIRST:
+        shape = ROLLUPS[table]
+        if (
+            shape.bucket_s == bucket_s
+            and columns <= set(shape.dims)
+            and (not q.latency or LATENCY[0] in shape.added)
+        ):
+            return table
+    raise AssertionError("the keyed rollups hold every dimension")
 
 
 def _whole_days(start: int | None, end: int | None) -> tuple[int | None, int | None] | None:
