@@ -260,6 +260,9 @@ class AsyncEngine:
             logger.exception("the engine thread died")
             with self._cond:
                 self._failure = exc
+                # down before any stream hears of it: a client told of the failure that asks
+                # /readyz next must not find the engine running
+                self._state = _State.STOPPED
             self._fail_streams(lambda: EngineError("the engine stopped unexpectedly"), exc)
         finally:
             with self._cond:

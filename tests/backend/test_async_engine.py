@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -298,3 +299,30 @@ async def test_a_dead_engine_thread_fails_every_request_instead_of_hanging(
     with pytest.raises(EngineClosed):
         await _collect(engine, "after", [3, 4])
     assert not engine.is_running
+
+
+async def test_a_dead_engine_is_down_before_its_requests_hear_of_it(
+    start_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose request failed with the engine and asks at once whether the engine
+    runs (as /readyz does) hears no: the engine is down before it fails the streams, however
+    long it takes to wind down after."""
+    engine = start_engine()
+    sync_engine = engine._engine
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("corrupted state")
+
+    fail_streams = engine._fail_streams
+
+    def slow_after(*args: Any) -> None:
+        fail_streams(*args)
+        time.sleep(0.3)  # the engine thread lingers after telling the streams
+
+    monkeypatch.setattr(sync_engine, "step", broken)
+    monkeypatch.setattr(sync_engine, "abort_all", broken)
+    monkeypatch.setattr(engine, "_fail_streams", slow_after)
+    with pytest.raises(EngineError):
+        await asyncio.wait_for(_collect(engine, "r", [3, 4, 5]), timeout=10)
+    assert not engine.is_running
+    assert isinstance(engine.failure, RuntimeError)
