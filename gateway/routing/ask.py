@@ -62,8 +62,8 @@ _CLINE_RESULT = re.compile(r"^\[([a-z_]+)(?: for [^\]]*)?\] Result:", re.M)
 _QUOTE_MARKS = re.compile(r"[\"“‘「『']")
 _QUOTED = re.compile(
     r"\"[^\"\n]{40,}\"|“[^”]{24,}”|‘[^’]{40,}’|「[^」]{24,}」|『[^』]{24,}』"
-    r"|(?<=[\s:：])'[^'\n]{40,}'(?=[\s.,;:?!)]|$)"
-)
+    r"|'(?<=[\s:：]')[^'\n]{40,}'(?=[\s.,;:?!)]|$)"
+)  # every alternative starts with its quote mark, so the regex engine skips to those
 _LEAD_IN = re.compile(r"(?:[:：]|如下|below|following)\s*$", re.I)
 _ASK_LINE = re.compile(r"[.?!。？！:：]\s*$")
 _ATTACHED = re.compile(
@@ -171,7 +171,10 @@ def _classify(message: Message) -> tuple[Turn, Unwrapped | None]:
     if "<" in text:
         wrapped, stripped = unwrapped
         instruction = stripped if wrapped is None else wrapped
-    words = _PUNCT.sub(" ", instruction[:200].lower()).strip()
+    head = instruction[:200].lower()
+    if len(head) > 64 and len(_PUNCT.sub(" ", head[:64]).strip()) > 40:
+        return "new", unwrapped  # the whole head's words are no shorter: not a "continue"
+    words = _PUNCT.sub(" ", head).strip()
     if not words and text.strip():
         # context only (a Codex environment message): the work goes on
         return "continue", unwrapped
