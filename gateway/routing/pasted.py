@@ -15,20 +15,22 @@ _DOC_BLOCK = re.compile(
     re.S,
 )
 
-# Pasted lines.
-_LOG_LINE = re.compile(
-    r"^\s*+(?:\[?\d{4}[-/]\d\d[-/]\d\d|\[?\d\d:\d\d:\d\d|\d{10,}|\[?(?:DEBUG|INFO|WARN|WARNING"
-    r"|ERROR|FATAL|TRACE|CRITICAL|E\d{4}|I\d{4}|W\d{4})\b)"
+# Pasted lines, each kind by what follows the line's leading blanks.
+_LOG_HEAD = (
+    r"\[?\d{4}[-/]\d\d[-/]\d\d|\[?\d\d:\d\d:\d\d|\d{10,}|\[?(?:DEBUG|INFO|WARN|WARNING"
+    r"|ERROR|FATAL|TRACE|CRITICAL|E\d{4}|I\d{4}|W\d{4})\b"
 )
-_TRACE_LINE = re.compile(
-    r"^\s*+(?:at [\w.$<>]+\(|File \"[^\"]+\", line \d|Traceback \(most recent|"
+_TRACE_HEAD = (
+    r"at [\w.$<>]+\(|File \"[^\"]+\", line \d|Traceback \(most recent|"
     r"goroutine \d+|thread '[^']*' panicked|#\d+ 0x|"
-    r"\w++(?:\.\w++)*+(?:(?<=Error)|(?<=Exception)): )"  # a dotted name ending in Error: ...
+    r"\w++(?:\.\w++)*+(?:(?<=Error)|(?<=Exception)): "  # a dotted name ending in Error: ...
 )
-_QUOTE_LINE = re.compile(r"^\s*+(?:>|\|)")
-_MAIL_LINE = re.compile(
-    r"^\s*+(?i:From|To|Cc|Subject|Date|Sent|发件人|收件人|主题|抄送|日期)\s*[:：]"
+_QUOTE_HEAD = r">|\|"
+_MAIL_HEAD = r"(?i:From|To|Cc|Subject|Date|Sent|发件人|收件人|主题|抄送|日期)\s*[:：]"
+_LINE_HEAD = re.compile(  # trace, log, quote and mail lines: one match
+    rf"\s*+(?:(?P<trace>{_TRACE_HEAD})|(?P<log>{_LOG_HEAD})|(?P<quote>{_QUOTE_HEAD}|{_MAIL_HEAD}))"
 )
+_LOG_LINE = re.compile(rf"\s*+(?:{_LOG_HEAD})")
 _CONFIG_LINE = re.compile(
     r"^\s*+(?:- )?[\w.\-\"']{1,30}(?: [\w.\-]{1,20}){0,2}\s*(?:[:=]\s*\S|[:=]\s*$)"
 )
@@ -36,10 +38,6 @@ _CONFIG_LINE = re.compile(
 # led by a keyword; and not ending like a sentence.
 _CODE_START = re.compile(r"\s*+(?:def |class |import |from \S+ import |#include|//)")
 _CODE_END, _SENTENCE_END = ";{}", ".?!。？！"
-_LINE_HEAD = re.compile(
-    f"(?P<trace>{_TRACE_LINE.pattern})|(?P<log>{_LOG_LINE.pattern})"
-    f"|(?P<quote>{_QUOTE_LINE.pattern}|{_MAIL_LINE.pattern})"
-)
 _CJK = re.compile(r"[\u3400-\u9fff]")
 
 
@@ -70,7 +68,7 @@ def remove_documents(text: str) -> tuple[str, str]:
 
 def code_kind(code: str) -> str:
     """A fenced block's kind: "log" when its first line reads as a log line, else "code"."""
-    return "log" if _LOG_LINE.search(code) else "code"
+    return "log" if _LOG_LINE.match(code) else "code"
 
 
 def _remove(pattern: re.Pattern[str], text: str) -> tuple[str, str]:
@@ -87,15 +85,19 @@ def _remove(pattern: re.Pattern[str], text: str) -> tuple[str, str]:
 def split_lines(body: str, kinds: set[str]) -> tuple[list[str], int]:
     """The prose lines (blank lines kept as paragraph breaks) and the pasted lines' size. Of a
     text of many lines only the first and last `EDGE_LINES` are read line by line (an ask
-    sits before or after what it carries); the lines between are pasted material."""
-    pasted = 0
-    lines = body.split("\n")
-    num_lines = len(lines)
-    if num_lines > 3 * EDGE_LINES:
-        middle = lines[EDGE_LINES:-EDGE_LINES]
-        pasted += sum(map(len, middle)) + len(middle)
+    sits before or after what it carries); the lines between are pasted material, measured
+    without being split."""
+    newlines = body.count("\n")
+    if newlines < 3 * EDGE_LINES:
+        lines = body.split("\n")
+        pasted = 0
+    else:
+        *head, rest = body.split("\n", EDGE_LINES)
+        middle, *tail = rest.rsplit("\n", EDGE_LINES)
         kinds.add("document")
-        lines = [*lines[:EDGE_LINES], "", *lines[-EDGE_LINES:]]
+        lines = [*head, "", *tail]
+        pasted = len(middle) + 1  # its lines and their line ends
+    num_lines = newlines + 1
     prose: list[str] = []
     for line in lines:
         kind = pasted_kind(line, num_lines)
