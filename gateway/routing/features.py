@@ -2,10 +2,11 @@
 
 Every feature is present or absent (value 1); the scorer sums the weights of those present.
   w|<word>        English words of the instruction (lower-cased; a number reads as "0")
-  b|<w1> <w2>     word bigrams
-  p|<prefix>      the first 4 and 6 letters of words of 5 letters or more (stems: "prove",
+  p|<prefix>      the first 4 letters of words of 5 letters or more (stems: "prove",
                   "proof", "proving" share p|prov)
-  f|<word>        the instruction's first word, and f2|<w1> <w2> its first two
+  f|<word>        the instruction's first word, and f2|<w1> <w2> its first two (the opening
+                  phrase: "how many", "show that"; bigrams further in weighed too little in
+                  cross-validation for what they cost)
   z|<chars>       CJK character 1- and 2-grams of the first 32 CJK characters (Chinese has no
                   spaces to split words by)
   y|<symbol>      maths and code symbols (= + * / ^ < > % ≤ ≥ √ ∑ ∫ π)
@@ -87,7 +88,7 @@ def groups(ask: Ask) -> list[Group]:
                 budget -= len(run)
                 cjk += run
                 cjk += map(str.__add__, run, run[1:])
-    prefixes = [p for w in words if len(w) >= 5 for p in (w[:4], w[:6])]  # "<zh>", "0": short
+    prefixes = [w[:4] for w in words if len(w) >= 5]  # "<zh>" and "0" are shorter
     structure.append(f"nums={min(numbers, 3)}")
     out.append(("z|", cjk))
     out.append(("p|", prefixes))
@@ -97,7 +98,6 @@ def groups(ask: Ask) -> list[Group]:
         if len(words) > 1:
             out.append(("f2|", [f"{words[0]} {words[1]}"]))
         out.append(("w|", words))
-        out.append(("b|", list(map(" ".join, zip(words, words[1:], strict=False)))))
     return out
 
 

@@ -62,24 +62,19 @@ def remove_fences(text: str) -> tuple[str, str]:
 
 def remove_documents(text: str) -> tuple[str, str]:
     """`text` without its document blocks (each from its opening tag to its closing tag or the
-    end), and what each match's last group holds, joined."""
-    return _remove(_DOC_BLOCK, text)
+    end, tags included), and the blocks joined: the material they carry."""
+    blocks: list[str] = []
+
+    def cut(match: re.Match[str]) -> str:
+        blocks.append(match.group())
+        return "\n"
+
+    return _DOC_BLOCK.sub(cut, text), "\n".join(blocks)
 
 
 def code_kind(code: str) -> str:
     """A fenced block's kind: "log" when its first line reads as a log line, else "code"."""
     return "log" if _LOG_LINE.match(code) else "code"
-
-
-def _remove(pattern: re.Pattern[str], text: str) -> tuple[str, str]:
-    """`text` without the pattern's matches, and the matches' bodies joined."""
-    bodies: list[str] = []
-
-    def cut(match: re.Match[str]) -> str:
-        bodies.append(match.group(match.lastindex or 0))
-        return "\n"
-
-    return pattern.sub(cut, text), "\n".join(bodies)
 
 
 def split_lines(body: str, kinds: set[str]) -> tuple[list[str], int]:
