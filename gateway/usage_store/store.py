@@ -59,7 +59,7 @@ from gateway.usage_store.schema import (
     records,
 )
 from gateway.usage_store.summary_rows import summary_row
-from gateway.usage_store.summary_sql import summary_statement
+from gateway.usage_store.summary_sql import Only, summary_statement
 
 _MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
 # What an insert rolls up from its rows in one pass (the daily rollups with every dimension are
@@ -183,10 +183,10 @@ class UsageStore:
             conditions.append(records.c.ts_ms < int(q.end.timestamp()) * 1000)
         return conditions
 
-    async def summary(self, q: SummaryQuery) -> list[dict[str, Any]]:
+    async def summary(self, q: SummaryQuery, only: Only | None = None) -> list[dict[str, Any]]:
         """Totals per group (and per period with `interval`), from one statement on the rollups
-        (`summary_sql`)."""
-        stmt, at = summary_statement(self.dialect, q)
+        (`summary_sql`); `only`: the groups whose dimensions (query names) take these values."""
+        stmt, at = summary_statement(self.dialect, q, only)
         async with self._reader.connect() as conn:
             found = (await conn.execute(stmt)).all()
         # (an aggregate without groups over no rows is one row of nulls)

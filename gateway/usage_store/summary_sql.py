@@ -5,6 +5,7 @@ reads 6 days and 24 hours, not 168 hours)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, Table, func, literal, select, union_all
@@ -43,14 +44,21 @@ _NARROWEST_FIRST = (
 )
 
 
-def summary_statement(dialect: str, q: SummaryQuery) -> tuple[Select[Any], dict[str, int]]:
+Only = Mapping[str, Collection[Any]]  # dimension (query name) -> the values it may take
+
+
+def summary_statement(
+    dialect: str, q: SummaryQuery, only: Only | None = None
+) -> tuple[Select[Any], dict[str, int]]:
     """The statement and, for each sum, its position in a result row (the period, with an
-    interval, and the dimensions come first)."""
+    interval, and the dimensions come first). `only`: the groups of these values alone (a
+    plot's top groups)."""
+    only = only or {}
     start = None if q.start is None else int(q.start.timestamp())
     end = None if q.end is None else int(q.end.timestamp())
     day_aligned = all(t is None or t % DAY_S == 0 for t in (start, end))
     dims = q.dimensions()
-    used = {COLUMN[d] for d in dims} | set(q.equalities())
+    used = {COLUMN[d] for d in dims} | set(q.equalities()) | {COLUMN[d] for d in only}
     added = COUNTERS + SUMS + ((LATENCY + TTFT) if q.latency else ())
     whole = None if day_aligned or q.interval is not None else _whole_days(start, end)
     if whole is None:
@@ -59,7 +67,7 @@ def summary_statement(dialect: str, q: SummaryQuery) -> tuple[Select[Any], dict[
         columns = _period(dialect, table, q.interval) + [table.c[COLUMN[d]].label(d) for d in dims]
         stmt = (
             select(*columns, *(func.sum(table.c[c]).label(c) for c in added))
-            .where(*_within(table, q, low, end))
+            .where(*_within(table, q, only, low, end))
             .group_by(*columns)
             .order_by(*columns)
         )
@@ -68,10 +76,10 @@ def summary_statement(dialect: str, q: SummaryQuery) -> tuple[Select[Any], dict[
     hours, days = rollup_for(used, q, False), rollup_for(used, q, True)
     parts = []
     if start is not None and start != first:
-        parts.append(_part(hours, q, dims, added, start - start % HOUR_S, first))
-    parts.append(_part(days, q, dims, added, first, last))
+        parts.append(_part(hours, q, only, dims, added, start - start % HOUR_S, first))
+    parts.append(_part(days, q, only, dims, added, first, last))
     if end is not None and end != last:
-        parts.append(_part(hours, q, dims, added, last, end))
+        parts.append(_part(hours, q, only, dims, added, last, end))
     both = union_all(*parts).subquery()
     groups = [both.c[d] for d in dims]
     stmt = (
@@ -109,22 +117,24 @@ def _whole_days(start: int | None, end: int | None) -> tuple[int | None, int | N
 
 
 def _part(
-    table: Table, q: SummaryQuery, dims: list[str], added: tuple[str, ...], low: int | None,
-    high: int | None,
+    table: Table, q: SummaryQuery, only: Only, dims: list[str], added: tuple[str, ...],
+    low: int | None, high: int | None,
 ) -> Select[Any]:  # fmt: skip
     columns = [table.c[COLUMN[d]].label(d) for d in dims]
     return select(*columns, *(table.c[c].label(c) for c in added)).where(
-        *_within(table, q, low, high)
+        *_within(table, q, only, low, high)
     )
 
 
 def _within(
-    table: Table, q: SummaryQuery, low: int | None, high: int | None
+    table: Table, q: SummaryQuery, only: Only, low: int | None, high: int | None
 ) -> list[ColumnElement[bool]]:
-    """The query's equalities, and buckets in [low, high) (None: unbounded)."""
+    """The query's equalities, `only`'s value sets, and buckets in [low, high) (None:
+    unbounded)."""
     conditions: list[ColumnElement[bool]] = [
         table.c[column] == value for column, value in q.equalities().items()
     ]
+    conditions.extend(table.c[COLUMN[d]].in_(list(values)) for d, values in only.items())
     if low is not None:
         conditions.append(table.c.bucket >= low)
     if high is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from gateway.usage_store.queries import SummaryQuery
 from gateway.usage_store.store import UsageStore
+from gateway.usage_store.summary_sql import Only
 
 TTL_S = 5.0
 SIZE = 128
@@ -28,16 +29,20 @@ class Summaries:
         self.size = size
         self._answers: OrderedDict[str, tuple[float, list[dict[str, Any]]]] = OrderedDict()
 
-    async def summary(self, store: UsageStore, q: SummaryQuery) -> list[dict[str, Any]]:
-        """`store.summary(q)`, or its answer of less than `ttl_s` ago. Callers must not change
-        the rows they get (they are shared)."""
+    async def summary(
+        self, store: UsageStore, q: SummaryQuery, only: Only | None = None
+    ) -> list[dict[str, Any]]:
+        """`store.summary(q, only)`, or its answer of less than `ttl_s` ago. Callers must not
+        change the rows they get (they are shared)."""
         key = q.model_dump_json()
+        if only:
+            key += repr(sorted((d, sorted(map(repr, v))) for d, v in only.items()))
         now = time.monotonic()
         found = self._answers.get(key)
         if found is not None and found[0] > now:
             self._answers.move_to_end(key)
             return found[1]
-        rows = await store.summary(q)
+        rows = await store.summary(q, only)
         done = time.monotonic()
         self._answers[key] = (done + max(self.ttl_s, SPEND * (done - now)), rows)
         self._answers.move_to_end(key)

@@ -22,6 +22,7 @@ from gateway.admin.console.ranges import (
     read_view,
     records_query,
 )
+from gateway.admin.console.summaries import Summaries
 from gateway.admin.console.web import KEYS, SUMMARIES, page
 from gateway.resources import SETTINGS, USAGE_STORE
 from gateway.usage_store.store import UsageStore
@@ -233,6 +234,7 @@ async def requests_page(request: web.Request) -> web.Response:
 def _explorer_row(row: dict[str, Any], group: str) -> dict[str, Any]:
     latency = row.get("latency_ms") or {}
     return {
+        "value": row[group],
         "group": "" if row[group] is None else str(row[group]),
         **{c: row[c] for c in EXPLORER_COLUMNS[:7]},
         "latency_p50_ms": latency.get("p50"),
@@ -257,19 +259,7 @@ async def explorer(request: web.Request) -> web.Response:
         view, table = await _explore(request, store)
     except ViewError as exc:
         return page(request, "error.jinja", status=400, message=str(exc))
-    shown = [r["group"] for r in table[:STACKED]]
-    q = view.summary(interval=True, group_by=view.group_by)
-    by_period = await request.app[SUMMARIES].summary(store, q)
-    fields: dict[str, Any] = {}
-    for name in shown:
-        fields[name or "(none)"] = lambda r, name=name: (
-            r["requests"] if str(r[view.group_by] or "") == name else None
-        )
-    if len(table) > STACKED:
-        fields["other"] = lambda r: (
-            r["requests"] if str(r[view.group_by] or "") not in shown else None
-        )
-    plot = _summed(view, by_period, fields)
+    plot = await _stacked_plot(request.app[SUMMARIES], store, view, table)
     names = await _key_names(request) if view.group_by == "key" else {}
     return page(
         request,
@@ -285,6 +275,34 @@ async def explorer(request: web.Request) -> web.Response:
         currency=_currency(request),
         csv_query=view.query(group_by=view.group_by),
     )
+
+
+async def _stacked_plot(
+    summaries: Summaries, store: UsageStore, view: View, table: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Requests per period of the table's first `STACKED` groups, and of the rest together as
+    "other" (every group's total less theirs): two queries that read a few rows a period, where
+    every group's periods would be thousands of rows (keys over a month)."""
+    group = view.group_by
+    top = [r["value"] for r in table[:STACKED]]
+    by_period, totals = await asyncio.gather(
+        summaries.summary(store, view.summary(interval=True, group_by=group), only={group: top}),
+        summaries.summary(store, view.summary(interval=True)),
+    )
+    fields: dict[str, Any] = {}
+    for value in top:
+        label = ("" if value is None else str(value)) or "(none)"
+        fields[label] = lambda r, value=value: r["requests"] if r[group] == value else None
+    plot = _summed(view, by_period, fields)
+    if len(table) > STACKED:
+        every = _summed(view, totals, {"all": lambda r: r["requests"]})["series"][0]["values"]
+        shown = [sum(values) for values in zip(*(s["values"] for s in plot["series"]), strict=True)]
+        other = [
+            max(total - part, 0)  # answers shared a few seconds apart may differ a little
+            for total, part in zip(every, shown or [0] * len(every), strict=True)
+        ]
+        plot["series"].append({"label": "other", "values": other})
+    return plot
 
 
 def _summed(view: View, rows: list[dict[str, Any]], fields: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import html
 import io
+import json
 import re
 import time
 from collections.abc import AsyncIterator
@@ -19,9 +21,12 @@ import aiohttp
 import openai
 import pytest
 
+from gateway.usage_store.rows import row_of
+from gateway.usage_store.store import UsageStore
 from testkit.gateway_app import gateway_settings, start_gateway
 from testkit.mock_upstream import MockUpstream
 from tests.support.console import ADMIN_KEY, ConsoleClient, ConsoleGateway
+from tests.support.usage_records import stream_fields
 
 SECRET = re.compile(r'<code id="secret">([^<]+)</code>')
 KEY_ID = re.compile(r"<code>(key_[0-9a-f]+)</code>")
@@ -50,6 +55,54 @@ async def _until_listed(console: ConsoleClient, path: str, needle: str) -> str:
             return text
         assert time.monotonic() < deadline, f"{needle!r} never showed on {path}"
         await asyncio.sleep(0.05)
+
+
+PLOT = re.compile(r'<script type="application/json" id="plot-usage">(.*?)</script>', re.S)
+
+
+async def test_the_explorers_stacked_plot_draws_its_top_groups_and_the_rest_as_other(
+    console: ConsoleClient, tmp_path: Path
+) -> None:
+    """More groups than the plot stacks: the first eight of the table each have their series,
+    and "other" per period is every other group's requests added up, as the admin API's summary
+    of every group per period says."""
+    store = await UsageStore.open(f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
+    now = time.time()
+    rows = []
+    for m in range(12):  # model m: m + 1 records, spread over the last 20 hours
+        for j in range(m + 1):
+            ts = now - 3600 * ((m * 7 + j * 5) % 20) - 60
+            fields = stream_fields(m * 100 + j, ts, model=f"plot-model-{m:02d}")
+            rows.append(row_of(f"{int(ts * 1000)}-{m * 100 + j}", fields, frozenset()))
+    try:
+        await store.insert(rows)
+    finally:
+        await store.aclose()
+    status, _, page, _ = await console.request(
+        "GET", "/admin/ui/usage?range=24h&interval=hour&group_by=model"
+    )
+    assert status == 200
+    found = PLOT.search(page)
+    assert found is not None
+    plot = json.loads(html.unescape(found.group(1)))
+    series = {s["label"]: s["values"] for s in plot["series"]}
+    top = [f"plot-model-{m:02d}" for m in range(11, 3, -1)]  # most requests first
+    assert list(series) == [*top, "other"]
+    end = time.time() // 3600 * 3600 + 3600
+    api = await _admin_summary(
+        console.root,
+        group_by="model",
+        interval="hour",
+        start=datetime.fromtimestamp(end - 86400, UTC).isoformat(),
+        end=datetime.fromtimestamp(end, UTC).isoformat(),
+    )
+    at = {stamp: i for i, stamp in enumerate(plot["x"])}
+    expected = {label: [0] * len(plot["x"]) for label in series}
+    for r in api["data"]:  # type: ignore[attr-defined]
+        label = r["model"] if r["model"] in top else "other"
+        expected[label][at[int(datetime.fromisoformat(r["period"]).timestamp())]] += r["requests"]
+    assert series == expected
+    assert sum(series["other"]) == 1 + 2 + 3 + 4
 
 
 async def test_key_lifecycle_and_usage_pages(

@@ -12,14 +12,15 @@ import pytest
 from gateway.admin.console.summaries import Summaries
 from gateway.usage_store.queries import SummaryQuery
 from gateway.usage_store.store import UsageStore
+from gateway.usage_store.summary_sql import Only
 
 
 class Counted(UsageStore):
     calls = 0
 
-    async def summary(self, q: SummaryQuery) -> list[dict[str, Any]]:
+    async def summary(self, q: SummaryQuery, only: Only | None = None) -> list[dict[str, Any]]:
         self.calls += 1
-        return await super().summary(q)
+        return await super().summary(q, only)
 
 
 @pytest.fixture
@@ -40,6 +41,12 @@ async def test_answers_are_shared_then_refreshed(store: Counted) -> None:
     assert store.calls == 2
     other_process = Summaries(ttl_s=60)
     assert await other_process.summary(store, by_model) == [] and store.calls == 3
+    # the same query over other groups is another view
+    await shared.summary(store, by_model, only={"model": ["a", "b"]})
+    await shared.summary(store, by_model, only={"model": ["b", "a"]})
+    assert store.calls == 4
+    await shared.summary(store, by_model, only={"model": ["a"]})
+    assert store.calls == 5
 
 
 async def test_the_oldest_answers_go_past_the_bound(store: Counted) -> None:

@@ -186,6 +186,36 @@ async def test_summaries_by_key_and_model_without_percentiles_read_as_with_them(
         await store.aclose()
 
 
+async def test_a_summary_of_only_some_groups_reads_as_those_rows_of_the_whole(
+    store_url: str,
+) -> None:
+    """`only` (the console's plot of its top groups) keeps the groups whose dimensions take the
+    given values: the same rows as the whole summary's, over periods, totals and part days."""
+    store = await UsageStore.open(store_url)
+    try:
+        await store.insert(_varied(700))
+        day0 = datetime.fromtimestamp(DAY0, UTC)
+        cases = (
+            ("key", {"key": ["key0", "key2"]}),
+            ("model", {"model": ["model3"]}),
+            ("status", {"status": [429, 200]}),
+            ("key,model", {"key": ["key1"], "model": ["model0", "model2", "absent"]}),
+            ("model", {"model": []}),
+        )
+        for group_by, only in cases:
+            for interval in ("hour", "day", None):
+                for start in (day0, day0 + timedelta(hours=5)):
+                    q = SummaryQuery(group_by=group_by, interval=interval, start=start,
+                                     end=day0 + timedelta(days=3, hours=2))  # fmt: skip
+                    whole = await store.summary(q)
+                    want = [r for r in whole if all(r[d] in v for d, v in only.items())]
+                    got = await store.summary(q, only=only)
+                    assert [{**r, "cost": pytest.approx(r["cost"])} for r in want] == got
+                    assert got or not all(only.values())
+    finally:
+        await store.aclose()
+
+
 async def test_totals_over_part_days_read_whole_days_and_the_hours_at_the_ends(
     store_url: str,
 ) -> None:
