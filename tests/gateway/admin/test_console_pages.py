@@ -153,6 +153,16 @@ async def test_key_lifecycle_and_usage_pages(
             "GET", "/admin/ui/usage?range=24h&interval=hour&group_by=key"
         )
         assert "console-made" in explorer
+        # by key, the totals alone (a key's latency is on its overview); by model, p50/p95 too
+        assert "p50 ms" not in explorer
+        assert exported.splitlines()[0] == (
+            "key,requests,errors,prompt_tokens,cached_tokens,completion_tokens,"
+            "reasoning_tokens,cost"
+        )
+        _, _, by_model, _ = await console.request("GET", "/admin/ui/usage?range=24h")
+        assert '<th scope="col">p95 ms</th>' in by_model
+        _, _, key_page, _ = await console.request("GET", f"/admin/ui/keys/{key}")
+        assert f'href="/admin/ui/overview?range=7d&amp;key={key}"' in key_page
         end = time.time() // 3600 * 3600 + 3600
         api = await _admin_summary(
             console.root,
