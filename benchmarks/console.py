@@ -39,6 +39,7 @@ from usage_store import synthetic  # noqa: E402
 
 from gateway.keys.records import KeyCreate  # noqa: E402
 from gateway.keys.store import KeyStore  # noqa: E402
+from gateway.server.serve import settle_heap  # noqa: E402
 from gateway.usage_store.store import UsageStore  # noqa: E402
 from testkit.gateway_app import REDIS_URL, gateway_settings, start_gateway  # noqa: E402
 from testkit.mock_upstream import MockUpstream  # noqa: E402
@@ -132,6 +133,7 @@ async def main() -> None:
         usage={"enabled": True, "url": url, "block_ms": 50, "retention_days": 400},
     )
     runner, root = await start_gateway(settings)
+    settle_heap(settings.server.gc_young_threshold)  # as a served gateway does once started
     pages = [
         "overview?range=24h",
         "overview?range=7d",
