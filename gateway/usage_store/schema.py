@@ -17,6 +17,9 @@ nothing but the period, reads (a console's plots).
 `usage_hour_key` and `usage_day_key`: per key alone, the counters and sums without the
 histograms (one row per active key a period): what a summary by key without percentiles reads
 (a console's top keys, a key's budget use).
+`usage_hour_total` and `usage_day_total`: every request of a period together, with the
+histograms (one row a period): what a summary by nothing but the period reads (a console's
+time series).
 `usage_schema`: the versions applied.
 """
 
@@ -165,6 +168,8 @@ hourly_model_provider = _rollup("usage_hour_model_provider", MODEL_PROVIDER)
 daily_model_provider = _rollup("usage_day_model_provider", MODEL_PROVIDER)
 hourly_key = _rollup("usage_hour_key", KEY_ONLY, TOTALS, clustered=True)
 daily_key = _rollup("usage_day_key", KEY_ONLY, TOTALS, clustered=True)
+hourly_total = _rollup("usage_hour_total", ())
+daily_total = _rollup("usage_day_total", ())
 ROLLUPS = {
     hourly: Rollup(3600, DIMENSIONS, ADDED),
     daily: Rollup(86_400, DIMENSIONS, ADDED),
@@ -175,6 +180,8 @@ ROLLUPS = {
     daily_model_provider: Rollup(86_400, MODEL_PROVIDER, ADDED),
     hourly_key: Rollup(3600, KEY_ONLY, TOTALS),
     daily_key: Rollup(86_400, KEY_ONLY, TOTALS),
+    hourly_total: Rollup(3600, (), ADDED),
+    daily_total: Rollup(86_400, (), ADDED),
 }
 
 
@@ -217,11 +224,17 @@ def _v3(conn: Connection) -> None:
     )
 
 
+def _v4(conn: Connection) -> None:
+    """The totals of every request a period, filled from the rollups by model and provider."""
+    _fill(conn, ((hourly_total, hourly_model_provider), (daily_total, daily_model_provider)))
+
+
 # Versioned migrations, in order; each runs once, in the transaction that records it.
 MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = (
     (1, _v1),
     (2, _v2),
     (3, _v3),
+    (4, _v4),
 )
 
 

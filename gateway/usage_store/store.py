@@ -51,10 +51,12 @@ from gateway.usage_store.schema import (
     daily_key,
     daily_key_model,
     daily_model_provider,
+    daily_total,
     hourly,
     hourly_all_keys,
     hourly_key,
     hourly_model_provider,
+    hourly_total,
     migrate,
     records,
 )
@@ -151,6 +153,9 @@ class UsageStore:
                     model_provider_hours, DAY_S, MODEL_PROVIDER, MODEL_PROVIDER
                 )
                 await self._sql.add_rollups(conn, daily_model_provider, model_provider_days)
+                total_hours = coarser(model_provider_hours, HOUR_S, (), MODEL_PROVIDER)
+                await self._sql.add_rollups(conn, hourly_total, total_hours)
+                await self._sql.add_rollups(conn, daily_total, coarser(total_hours, DAY_S, (), ()))
                 await self._sql.add_rollups(conn, hourly_key, key_hours)
                 key_days = coarser(key_hours, DAY_S, KEY_ONLY, KEY_ONLY)
                 await self._sql.add_rollups(conn, daily_key, key_days)

@@ -23,15 +23,20 @@ from gateway.usage_store.schema import (
     daily_key,
     daily_key_model,
     daily_model_provider,
+    daily_total,
     hourly,
     hourly_all_keys,
     hourly_key,
     hourly_model_provider,
+    hourly_total,
 )
 
 # The rollups, fewest rows a period first (what the data makes of them, not their width: a
-# day by model and provider holds a few dozen rows, by key and model one per key and model).
+# period's total is one row, a day by model and provider a few dozen, by key and model one per
+# key and model).
 _NARROWEST_FIRST = (
+    hourly_total,
+    daily_total,
     hourly_model_provider,
     daily_model_provider,
     hourly_key,

@@ -131,7 +131,7 @@ async def test_summaries_without_the_key_read_what_the_keyed_rollups_add_up_to(
         start = datetime.fromtimestamp(DAY0, UTC)
         for interval, end in (("hour", timedelta(hours=30)), ("day", timedelta(days=3)),
                               ("month", timedelta(days=5)), (None, timedelta(days=5))):  # fmt: skip
-            for dims in (["model"], ["provider", "model"], ["provider", "route", "thinking"],
+            for dims in ([], ["model"], ["provider", "model"], ["provider", "route", "thinking"],
                          ["status", "error_code"]):  # fmt: skip
                 window = {"interval": interval, "start": start, "end": start + end}
                 plain = await store.summary(SummaryQuery(group_by=",".join(dims), **window))
@@ -270,9 +270,9 @@ async def test_totals_over_part_days_read_whole_days_and_the_hours_at_the_ends(
 async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
     store_url: str,
 ) -> None:
-    """Opening a store written before the all-keys rollups, the key x model totals and the
-    rollups by model and provider or by key existed (its schema at version 1) creates them from
-    the keyed rollups, so every summary reads as before."""
+    """Opening a store written before the all-keys rollups, the key x model totals, the rollups
+    by model and provider or by key and the periods' totals existed (its schema at version 1)
+    creates them from the keyed rollups, so every summary reads as before."""
     store = await UsageStore.open(store_url)
     try:
         await store.insert(_varied(400))
@@ -290,6 +290,8 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
             "DROP TABLE usage_day_model_provider",
             "DROP TABLE usage_hour_key",
             "DROP TABLE usage_day_key",
+            "DROP TABLE usage_hour_total",
+            "DROP TABLE usage_day_total",
             "DELETE FROM usage_schema WHERE version >= 2",
         ):
             await store.run(statement)
