@@ -7,10 +7,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from gateway.usage_store.buckets import MONTH, bucket_start
 from gateway.usage_store.schema import ADDED, DIMENSIONS
 from gateway.usage_store.sketch import bucket_of
-
-HOUR_S, DAY_S = 3600, 86_400
 
 
 def _int(value: str | None) -> int:
@@ -142,15 +141,21 @@ def coarser(
     source: tuple[str, ...] = DIMENSIONS,
 ) -> list[list[Any]]:
     """`rollups` increments by the dimensions `source` (of buckets that divide `bucket_s`)
-    folded into buckets of `bucket_s` seconds and the dimensions `dims` (of `source`, in its
-    order): what `rollups` of the same rows makes at that grain, without reading them again
-    (the daily rollups from the hourly ones). Values in the order of `bucket`, `dims`,
-    `ADDED`."""
+    folded into buckets of `bucket_s` seconds (or MONTH) and the dimensions `dims` (of
+    `source`, in its order): what `rollups` of the same rows makes at that grain, without
+    reading them again (the daily rollups from the hourly ones). Values in the order of
+    `bucket`, `dims`, `ADDED`."""
     groups: dict[tuple[Any, ...], list[Any]] = {}
     head = 1 + len(source)
     kept = [1 + source.index(d) for d in dims]
+    months: dict[int, int] = {}  # bucket -> its month's start (MONTH: read once a bucket)
     for increment in increments:
-        pk = (increment[0] // bucket_s * bucket_s, *(increment[i] for i in kept))
+        second = increment[0]
+        if bucket_s != MONTH:
+            bucket = second // bucket_s * bucket_s
+        elif (bucket := months.get(second)) is None:
+            bucket = months[second] = bucket_start(second, MONTH)
+        pk = (bucket, *(increment[i] for i in kept))
         group = groups.get(pk)
         if group is None:
             groups[pk] = [*pk, *increment[head:]]

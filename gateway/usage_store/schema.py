@@ -20,6 +20,9 @@ histograms (one row per active key a period): what a summary by key without perc
 `usage_hour_total` and `usage_day_total`: every request of a period together, with the
 histograms (one row a period): what a summary by nothing but the period reads (a console's
 time series).
+`usage_month_key`: per UTC calendar month and key, the counters and sums: totals by key over a
+range read its whole months here, its other whole days from `usage_day_key` and the hours at
+its ends from `usage_hour_key` (a year by key: about 12 rows a key, not 365).
 `usage_schema`: the versions applied.
 """
 
@@ -45,6 +48,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.schema import SchemaItem
 
+from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH, bucket_start
 from gateway.usage_store.sketch import BUCKETS
 from plumbing.record import record
 
@@ -151,7 +155,7 @@ def _rollup(
 
 @record
 class Rollup:
-    bucket_s: int
+    bucket_s: int  # seconds, or buckets.MONTH
     dims: tuple[str, ...]
     added: tuple[str, ...]
 
@@ -170,18 +174,20 @@ hourly_key = _rollup("usage_hour_key", KEY_ONLY, TOTALS, clustered=True)
 daily_key = _rollup("usage_day_key", KEY_ONLY, TOTALS, clustered=True)
 hourly_total = _rollup("usage_hour_total", ())
 daily_total = _rollup("usage_day_total", ())
+monthly_key = _rollup("usage_month_key", KEY_ONLY, TOTALS, clustered=True)
 ROLLUPS = {
-    hourly: Rollup(3600, DIMENSIONS, ADDED),
-    daily: Rollup(86_400, DIMENSIONS, ADDED),
-    hourly_all_keys: Rollup(3600, ALL_KEYS, ADDED),
-    daily_all_keys: Rollup(86_400, ALL_KEYS, ADDED),
-    daily_key_model: Rollup(86_400, KEY_MODEL, TOTALS),
-    hourly_model_provider: Rollup(3600, MODEL_PROVIDER, ADDED),
-    daily_model_provider: Rollup(86_400, MODEL_PROVIDER, ADDED),
-    hourly_key: Rollup(3600, KEY_ONLY, TOTALS),
-    daily_key: Rollup(86_400, KEY_ONLY, TOTALS),
-    hourly_total: Rollup(3600, (), ADDED),
-    daily_total: Rollup(86_400, (), ADDED),
+    hourly: Rollup(HOUR_S, DIMENSIONS, ADDED),
+    daily: Rollup(DAY_S, DIMENSIONS, ADDED),
+    hourly_all_keys: Rollup(HOUR_S, ALL_KEYS, ADDED),
+    daily_all_keys: Rollup(DAY_S, ALL_KEYS, ADDED),
+    daily_key_model: Rollup(DAY_S, KEY_MODEL, TOTALS),
+    hourly_model_provider: Rollup(HOUR_S, MODEL_PROVIDER, ADDED),
+    daily_model_provider: Rollup(DAY_S, MODEL_PROVIDER, ADDED),
+    hourly_key: Rollup(HOUR_S, KEY_ONLY, TOTALS),
+    daily_key: Rollup(DAY_S, KEY_ONLY, TOTALS),
+    hourly_total: Rollup(HOUR_S, (), ADDED),
+    daily_total: Rollup(DAY_S, (), ADDED),
+    monthly_key: Rollup(MONTH, KEY_ONLY, TOTALS),
 }
 
 
@@ -229,12 +235,31 @@ def _v4(conn: Connection) -> None:
     _fill(conn, ((hourly_total, hourly_model_provider), (daily_total, daily_model_provider)))
 
 
+def _v5(conn: Connection) -> None:
+    """The monthly totals by key, filled from the daily ones (added up here: month arithmetic
+    the same on every database)."""
+    monthly_key.create(conn, checkfirst=True)
+    months: dict[tuple[int, str], list[Any]] = {}
+    for row in conn.execute(select(daily_key.c.bucket, daily_key.c.key_id, *daily_key.c[TOTALS])):
+        month = bucket_start(row[0], MONTH)
+        total = months.get((month, row[1]))
+        if total is None:
+            months[(month, row[1])] = list(row[2:])
+        else:
+            total[:] = [a + b for a, b in zip(total, row[2:], strict=True)]
+    names = ("bucket", "key_id", *TOTALS)
+    rows = [dict(zip(names, (*pk, *total), strict=True)) for pk, total in sorted(months.items())]
+    for start in range(0, len(rows), 1000):
+        conn.execute(insert(monthly_key), rows[start : start + 1000])
+
+
 # Versioned migrations, in order; each runs once, in the transaction that records it.
 MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = (
     (1, _v1),
     (2, _v2),
     (3, _v3),
     (4, _v4),
+    (5, _v5),
 )
 
 

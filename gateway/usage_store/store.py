@@ -37,10 +37,11 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH
 from gateway.usage_store.export_sql import export_sql
 from gateway.usage_store.insert_sql import InsertSQL
 from gateway.usage_store.queries import ExportQuery, Filters, RecordsQuery, SummaryQuery
-from gateway.usage_store.rows import DAY_S, HOUR_S, Grain, coarser, rollups_at
+from gateway.usage_store.rows import Grain, coarser, rollups_at
 from gateway.usage_store.schema import (
     ALL_KEYS,
     KEY_ONLY,
@@ -58,6 +59,7 @@ from gateway.usage_store.schema import (
     hourly_model_provider,
     hourly_total,
     migrate,
+    monthly_key,
     records,
 )
 from gateway.usage_store.summary_rows import summary_row
@@ -159,6 +161,8 @@ class UsageStore:
                 await self._sql.add_rollups(conn, hourly_key, key_hours)
                 key_days = coarser(key_hours, DAY_S, KEY_ONLY, KEY_ONLY)
                 await self._sql.add_rollups(conn, daily_key, key_days)
+                key_months = coarser(key_days, MONTH, KEY_ONLY, KEY_ONLY)
+                await self._sql.add_rollups(conn, monthly_key, key_months)
                 await self._sql.add_rollups(conn, daily_key_model, key_model)
         return len(fresh)
 

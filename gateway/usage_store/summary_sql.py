@@ -1,7 +1,8 @@
-"""A summary's one statement: on the narrowest rollup that answers it (`rollup_for`), and for
-totals over a range that is not whole days, on the daily rollup for the whole days in it and
-the hourly rollup for the hours at its ends only, added up in the statement (a week up to now
-reads 6 days and 24 hours, not 168 hours)."""
+"""A summary's one statement: on the narrowest rollup that answers it (`rollup_for`); for
+totals over a range, on the fewest rows that add up to them (`_pieces`): the hourly rollup for
+the hours at its ends only, the daily one for the whole days in it, and the monthly one (by key)
+for the whole months, added up in the statement (a week up to now reads 6 days and 24 hours,
+not 168 hours; a year by key about 12 months, not 365 days)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Select, Table, func, literal, select, union_all
 
+from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH, bucket_start, next_month
 from gateway.usage_store.queries import COLUMN, SummaryQuery
-from gateway.usage_store.rows import DAY_S, HOUR_S
 from gateway.usage_store.schema import (
     COUNTERS,
     LATENCY,
@@ -29,6 +30,7 @@ from gateway.usage_store.schema import (
     hourly_key,
     hourly_model_provider,
     hourly_total,
+    monthly_key,
 )
 
 # The rollups, fewest rows a period first (what the data makes of them, not their width: a
@@ -65,10 +67,13 @@ def summary_statement(
     dims = q.dimensions()
     used = {COLUMN[d] for d in dims} | set(q.equalities()) | {COLUMN[d] for d in only}
     added = COUNTERS + SUMS + ((LATENCY + TTFT) if q.latency else ())
-    whole = None if day_aligned or q.interval is not None else _whole_days(start, end)
-    if whole is None:
-        table = rollup_for(used, q, day_aligned)
-        low = None if start is None else start - start % ROLLUPS[table].bucket_s  # its bucket
+    pieces = _pieces(used, q, start, end) if q.interval is None else []
+    if len(pieces) <= 1:
+        if pieces:
+            table, low, end = pieces[0]
+        else:
+            table = rollup_for(used, q, day_aligned)
+            low = None if start is None else bucket_start(start, ROLLUPS[table].bucket_s)
         columns = _period(dialect, table, q.interval) + [table.c[COLUMN[d]].label(d) for d in dims]
         stmt = (
             select(*columns, *(func.sum(table.c[c]).label(c) for c in added))
@@ -77,14 +82,7 @@ def summary_statement(
             .order_by(*columns)
         )
         return stmt, {name: len(columns) + i for i, name in enumerate(added)}
-    first, last = whole
-    hours, days = rollup_for(used, q, False), rollup_for(used, q, True)
-    parts = []
-    if start is not None and start != first:
-        parts.append(_part(hours, q, only, dims, added, start - start % HOUR_S, first))
-    parts.append(_part(days, q, only, dims, added, first, last))
-    if end is not None and end != last:
-        parts.append(_part(hours, q, only, dims, added, last, end))
+    parts = [_part(table, q, only, dims, added, low, high) for table, low, high in pieces]
     both = union_all(*parts).subquery()
     groups = [both.c[d] for d in dims]
     stmt = (
@@ -93,6 +91,41 @@ def summary_statement(
         .order_by(*groups)
     )
     return stmt, {name: len(groups) + i for i, name in enumerate(added)}
+
+
+Piece = tuple[Table, int | None, int | None]  # a rollup and its buckets in [low, high)
+
+
+def _pieces(used: set[str], q: SummaryQuery, start: int | None, end: int | None) -> list[Piece]:
+    """Totals over [start, end) as the fewest rows that add up to them: the hours at its ends
+    from the hourly rollup, the whole days between from the daily one, and of those the whole
+    months from the monthly one where the daily one has one. One piece: a single table."""
+    whole = _whole_days(start, end)
+    if whole is None:
+        return []
+    first, last = whole
+    hours, days = rollup_for(used, q, False), rollup_for(used, q, True)
+    pieces: list[Piece] = []
+    if start is not None and start != first:
+        pieces.append((hours, start - start % HOUR_S, first))
+    months = _MONTHLY.get(days)
+    span = None if months is None else _whole_months(first, last)
+    if months is None or span is None:
+        pieces.append((days, first, last))
+    else:
+        month_first, month_last = span
+        if first != month_first:
+            pieces.append((days, first, month_first))
+        pieces.append((months, month_first, month_last))
+        if last != month_last:
+            pieces.append((days, month_last, last))
+    if end is not None and end != last:
+        pieces.append((hours, last, end))
+    return pieces
+
+
+# The daily rollups that have monthly ones (the same dimensions and sums, by UTC month).
+_MONTHLY = {daily_key: monthly_key}
 
 
 def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
@@ -109,6 +142,19 @@ def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
         ):
             return table
     raise AssertionError("the keyed rollups hold every dimension")
+
+
+def _whole_months(first: int | None, last: int | None) -> tuple[int | None, int | None] | None:
+    """The whole UTC months [m1, m2) inside the whole days [first, last) (None: unbounded on
+    that side), or None when there is no whole month in it."""
+    if first is None:
+        month_first = None
+    else:
+        month_first = first if bucket_start(first, MONTH) == first else next_month(first)
+    month_last = None if last is None else bucket_start(last, MONTH)
+    if month_first is not None and month_last is not None and month_first >= month_last:
+        return None
+    return month_first, month_last
 
 
 def _whole_days(start: int | None, end: int | None) -> tuple[int | None, int | None] | None:

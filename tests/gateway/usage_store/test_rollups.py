@@ -4,10 +4,12 @@ the rows themselves, and the two-quantile pass reads what two single quantiles r
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime
 
 import pytest
 
-from gateway.usage_store.rows import DAY_S, HOUR_S, coarser, rollups, rollups_at, row_of
+from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH, bucket_start, next_month
+from gateway.usage_store.rows import coarser, rollups, rollups_at, row_of
 from gateway.usage_store.schema import ADDED, ALL_KEYS, DIMENSIONS, KEY_MODEL, TOTALS
 from gateway.usage_store.sketch import BUCKETS, quantile, quantiles
 
@@ -89,3 +91,22 @@ def test_two_quantiles_in_one_pass_read_as_two_single_ones(seed: int) -> None:
 def test_an_empty_histogram_has_no_quantiles() -> None:
     assert quantiles([0] * BUCKETS, 0.5, 0.95) == (None, None)
     assert quantiles([None] * BUCKETS, 0.5, 0.95) == (None, None)
+
+
+def test_month_buckets_start_on_the_first_of_the_utc_month() -> None:
+    def at(*parts: int) -> int:
+        return int(datetime(*parts, tzinfo=UTC).timestamp())
+
+    assert bucket_start(at(2028, 2, 29, 23, 59, 59), MONTH) == at(2028, 2, 1)
+    assert bucket_start(at(2028, 3, 1), MONTH) == at(2028, 3, 1)
+    assert next_month(at(2028, 1, 1)) == at(2028, 2, 1)
+    assert next_month(at(2026, 12, 1)) == at(2027, 1, 1)
+    assert bucket_start(at(2026, 5, 7, 13), DAY_S) == at(2026, 5, 7)
+    # the daily totals by key folded into months: each month's sum of its days
+    rows = [{**r, "ts_ms": r["ts_ms"] + i % 90 * DAY_S * 1000} for i, r in enumerate(_rows(500, 3))]
+    days = coarser(rollups(rows, HOUR_S, ("key_id",)), DAY_S, ("key_id",), ("key_id",))
+    months = coarser(days, MONTH, ("key_id",), ("key_id",))
+    assert sum(m[2] for m in months) == 500 and len({m[0] for m in months}) == 4
+    for month in months:
+        inside = [d for d in days if bucket_start(d[0], MONTH) == month[0] and d[1] == month[1]]
+        assert month[2] == sum(d[2] for d in inside)

@@ -15,6 +15,7 @@ from gateway.usage_store.rows import row_of
 from gateway.usage_store.schema import RECORD_COLUMNS
 from gateway.usage_store.sketch import ERROR_BOUND
 from gateway.usage_store.store import UsageStore
+from gateway.usage_store.summary_sql import summary_statement
 from tests.support.usage_records import stream_fields
 
 DAY0 = datetime(2026, 3, 30, tzinfo=UTC).timestamp()  # 2026-03-30, two days before April
@@ -267,6 +268,60 @@ async def test_totals_over_part_days_read_whole_days_and_the_hours_at_the_ends(
         await store.aclose()
 
 
+async def test_totals_by_key_read_whole_months_from_the_monthly_rollup(store_url: str) -> None:
+    """Totals by key over a range of several months (whole months from the monthly totals,
+    the days and hours around them from the daily and hourly ones) equal the hourly periods
+    added up, and so does every key's total over all time (the months alone)."""
+    store = await UsageStore.open(store_url)
+    try:
+        first = datetime(2026, 1, 20, 3, 30, tzinfo=UTC).timestamp()
+        batch = rows(500, start_s=first, step_s=5.3 * 3600)  # to 2026-05-10, every 5.3 hours
+        await store.insert(batch[:300])
+        await store.insert(batch[200:])
+        counters = ("requests", "errors", "prompt_tokens", "completion_tokens", "cost")
+        day = datetime(2026, 1, 1, tzinfo=UTC)
+        for start, end in (
+            (day + timedelta(days=25, hours=7), day + timedelta(days=100, hours=3)),
+            (day + timedelta(days=31), day + timedelta(days=90)),  # February and March whole
+            (day + timedelta(days=31), day + timedelta(days=59, hours=1)),  # one month
+            (day + timedelta(days=40), day + timedelta(days=70)),  # no whole month
+            (None, day + timedelta(days=61, hours=5)),
+            (day + timedelta(days=33, minutes=10), None),
+            (None, None),
+        ):
+            for key in (None, "key1"):
+                window = {"start": start, "end": end, "key": key, "latency": False}
+                got = await store.summary(SummaryQuery(group_by="key", **window))
+                hours = await store.summary(SummaryQuery(group_by="key", interval="hour", **window))
+                expected: dict[object, dict[str, float]] = {}
+                for r in hours:
+                    total = expected.setdefault(r["key"], dict.fromkeys(counters, 0))
+                    for name in counters:
+                        total[name] += r[name]
+                assert {r["key"]: {n: r[n] for n in counters} for r in got} == {
+                    k: pytest.approx(v) for k, v in expected.items()
+                }
+                assert sum(r["requests"] for r in got) > 0
+        [everything] = await store.summary(SummaryQuery(group_by="key", key="key2", latency=False))
+        assert everything["requests"] == sum(1 for r in batch if r["key_id"] == "key2")
+    finally:
+        await store.aclose()
+
+
+def test_only_ranges_over_whole_months_read_the_monthly_rollup() -> None:
+    def tables(**window: object) -> str:
+        stmt, _ = summary_statement("sqlite", SummaryQuery(group_by="key", latency=False, **window))
+        return str(stmt)
+
+    day = datetime(2026, 1, 1, tzinfo=UTC)
+    assert "usage_month_key" in tables(start=day + timedelta(days=25), end=day + timedelta(days=90))
+    assert "usage_month_key" in tables()
+    assert "usage_month_key" not in tables(
+        start=day + timedelta(days=40), end=day + timedelta(days=70)
+    )
+    assert "usage_month_key" not in tables(start=day, end=day + timedelta(days=90), interval="day")
+
+
 async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
     store_url: str,
 ) -> None:
@@ -292,6 +347,7 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
             "DROP TABLE usage_day_key",
             "DROP TABLE usage_hour_total",
             "DROP TABLE usage_day_total",
+            "DROP TABLE usage_month_key",
             "DELETE FROM usage_schema WHERE version >= 2",
         ):
             await store.run(statement)
