@@ -70,7 +70,7 @@ def summary_statement(
     pieces = _pieces(used, q, start, end) if q.interval is None else []
     if len(pieces) <= 1:
         if pieces:
-            table, low, end = pieces[0]
+            table, low, end, _ = pieces[0]
         else:
             table = rollup_for(used, q, day_aligned)
             low = None if start is None else bucket_start(start, ROLLUPS[table].bucket_s)
@@ -82,45 +82,69 @@ def summary_statement(
             .order_by(*columns)
         )
         return stmt, {name: len(columns) + i for i, name in enumerate(added)}
-    parts = [_part(table, q, only, dims, added, low, high) for table, low, high in pieces]
+    parts = [_part(*piece, q, only, dims, added) for piece in pieces]
     both = union_all(*parts).subquery()
     groups = [both.c[d] for d in dims]
     stmt = (
         select(*groups, *(func.sum(both.c[c]).label(c) for c in added))
         .group_by(*groups)
+        .having(func.sum(both.c.requests) != 0)  # a day less all its requests: none in range
         .order_by(*groups)
     )
     return stmt, {name: len(groups) + i for i, name in enumerate(added)}
 
 
-Piece = tuple[Table, int | None, int | None]  # a rollup and its buckets in [low, high)
+Piece = tuple[Table, int | None, int | None, int]  # a rollup, its buckets in [low, high), +1/-1
 
 
 def _pieces(used: set[str], q: SummaryQuery, start: int | None, end: int | None) -> list[Piece]:
-    """Totals over [start, end) as the fewest rows that add up to them: the hours at its ends
-    from the hourly rollup, the whole days between from the daily one, and of those the whole
-    months from the monthly one where the daily one has one. One piece: a single table."""
-    whole = _whole_days(start, end)
-    if whole is None:
-        return []
-    first, last = whole
+    """Totals over [start, end) as the fewest rows that add up to them: the whole days in it
+    from the daily rollup (its whole months from the monthly one where the daily one has one),
+    and each part day at its ends from the hourly one: its hours, or when those are more than
+    half the day, the day less the hours outside the range (which, for a range that ends now,
+    hold nothing yet). Rollups count whole hours: the hours holding the range's ends. One piece:
+    a single table."""
+    low = None if start is None else start - start % HOUR_S
+    first = None if low is None else -(-low // DAY_S) * DAY_S  # the first midnight in it
+    last = None if end is None else end // DAY_S * DAY_S  # the last one
+    if first is not None and last is not None and first > last:
+        return []  # inside one day: its hours
     hours, days = rollup_for(used, q, False), rollup_for(used, q, True)
     pieces: list[Piece] = []
-    if start is not None and start != first:
-        pieces.append((hours, start - start % HOUR_S, first))
+    if low is not None and first is not None and low != first:
+        pieces += _part_day(hours, days, first - DAY_S, low, first)
+    if first is None or last is None or first < last:
+        pieces += _whole(days, first, last)
+    if end is not None and last is not None and end != last:
+        pieces += _part_day(hours, days, last, last, -(-end // HOUR_S) * HOUR_S)
+    return pieces
+
+
+def _part_day(hours: Table, days: Table, day: int, low: int, high: int) -> list[Piece]:
+    """The hours [low, high) of the day starting at `day`, directly or as the day less its
+    other hours, whichever reads fewer hours."""
+    if high - low <= DAY_S // 2:
+        return [(hours, low, high, 1)]
+    outside = [(hours, day, low, -1)] if low > day else []
+    if high < day + DAY_S:
+        outside.append((hours, high, day + DAY_S, -1))
+    return [(days, day, day + DAY_S, 1), *outside]
+
+
+def _whole(days: Table, first: int | None, last: int | None) -> list[Piece]:
+    """The whole days [first, last) (None: unbounded), their whole months from the monthly
+    rollup where there is one."""
     months = _MONTHLY.get(days)
     span = None if months is None else _whole_months(first, last)
     if months is None or span is None:
-        pieces.append((days, first, last))
-    else:
-        month_first, month_last = span
-        if first != month_first:
-            pieces.append((days, first, month_first))
-        pieces.append((months, month_first, month_last))
-        if last != month_last:
-            pieces.append((days, month_last, last))
-    if end is not None and end != last:
-        pieces.append((hours, last, end))
+        return [(days, first, last, 1)]
+    month_first, month_last = span
+    pieces: list[Piece] = []
+    if first != month_first:
+        pieces.append((days, first, month_first, 1))
+    pieces.append((months, month_first, month_last, 1))
+    if last != month_last:
+        pieces.append((days, month_last, last, 1))
     return pieces
 
 
@@ -157,24 +181,13 @@ def _whole_months(first: int | None, last: int | None) -> tuple[int | None, int 
     return month_first, month_last
 
 
-def _whole_days(start: int | None, end: int | None) -> tuple[int | None, int | None] | None:
-    """The whole UTC days [first, last) inside [start, end) (None: unbounded on that side), or
-    None when there is no whole day in it."""
-    first = None if start is None else -(-start // DAY_S) * DAY_S
-    last = None if end is None else end // DAY_S * DAY_S
-    if first is not None and last is not None and first >= last:
-        return None
-    return first, last
-
-
 def _part(
-    table: Table, q: SummaryQuery, only: Only, dims: list[str], added: tuple[str, ...],
-    low: int | None, high: int | None,
+    table: Table, low: int | None, high: int | None, sign: int, q: SummaryQuery, only: Only,
+    dims: list[str], added: tuple[str, ...],
 ) -> Select[Any]:  # fmt: skip
     columns = [table.c[COLUMN[d]].label(d) for d in dims]
-    return select(*columns, *(table.c[c].label(c) for c in added)).where(
-        *_within(table, q, only, low, high)
-    )
+    sums = [(table.c[c] if sign > 0 else -table.c[c]).label(c) for c in added]
+    return select(*columns, *sums).where(*_within(table, q, only, low, high))
 
 
 def _within(

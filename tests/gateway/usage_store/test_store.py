@@ -221,8 +221,9 @@ async def test_totals_over_part_days_read_whole_days_and_the_hours_at_the_ends(
     store_url: str,
 ) -> None:
     """Totals over a range that is not whole days (whole days in it read from the daily
-    rollups, the hours at its ends from the hourly ones) equal the hourly periods added up,
-    for every table a summary may read; p50/p95 stay within the histogram's bound."""
+    rollups, the part days at its ends from the hourly ones, directly or as their day less its
+    other hours) equal the hourly periods added up, for every table a summary may read; p50/p95
+    stay within the histogram's bound; no group of the day that is not in the range shows."""
     store = await UsageStore.open(store_url)
     try:
         batch = _varied(700)  # ~4.7 days from DAY0
@@ -236,6 +237,11 @@ async def test_totals_over_part_days_read_whole_days_and_the_hours_at_the_ends(
             (day0 + timedelta(days=1), day0 + timedelta(days=3, minutes=1)),
             (None, day0 + timedelta(days=2, hours=1)),
             (day0 + timedelta(hours=23), None),
+            # part days of more than half a day: the day less its other hours
+            (day0 + timedelta(hours=2), day0 + timedelta(days=2, hours=20, minutes=5)),
+            (day0 + timedelta(hours=10), day0 + timedelta(days=1, hours=15)),  # no whole day
+            (day0 + timedelta(days=3, hours=1), day0 + timedelta(days=3, hours=23)),  # one day
+            (day0 + timedelta(hours=3, minutes=59), day0 + timedelta(days=4, hours=23, seconds=1)),
         ):
             for group_by in ("", "key", "model", "key,model", "provider,status"):
                 for latency in (True, False):
@@ -264,6 +270,33 @@ async def test_totals_over_part_days_read_whole_days_and_the_hours_at_the_ends(
                         for q, name in ((0.5, "p50"), (0.95, "p95")):
                             truth = exact[math.ceil(q * len(exact)) - 1]
                             assert abs(row["latency_ms"][name] - truth) <= truth * ERROR_BOUND + 0.1
+    finally:
+        await store.aclose()
+
+
+async def test_a_part_day_read_as_its_day_less_its_other_hours_keeps_only_what_is_inside(
+    store_url: str,
+) -> None:
+    """From 03:00 to the next day's 01:00 the first part day is its day less its first three
+    hours: a key whose only request came at 01:00 shows nowhere, the others exactly."""
+    store = await UsageStore.open(store_url)
+    try:
+        day = datetime(2026, 6, 10, tzinfo=UTC)
+        at = [(day + timedelta(hours=h)).timestamp() for h in (1, 10, 20, 24.5)]
+        keys, latencies = ("early", "b", "b", "c"), (9, 40, 900, 5)
+        batch = [
+            row_of(f"{int(ts * 1000)}-{i}", stream_fields(i, ts, key_id=keys[i],
+                   latency_ms=latencies[i]), frozenset())
+            for i, ts in enumerate(at)
+        ]  # fmt: skip
+        await store.insert(batch)
+        window = {"start": day + timedelta(hours=3), "end": day + timedelta(hours=25)}
+        got = await store.summary(SummaryQuery(group_by="key", **window))
+        assert [(r["key"], r["requests"]) for r in got] == [("b", 2), ("c", 1)]
+        b = got[0]["latency_ms"]
+        assert b["p50"] == pytest.approx(40, rel=ERROR_BOUND) and b["p95"] > 600
+        [total] = await store.summary(SummaryQuery(**window))
+        assert total["requests"] == 3 and total["cost"] == pytest.approx(0.003)
     finally:
         await store.aclose()
 
