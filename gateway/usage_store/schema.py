@@ -20,9 +20,10 @@ histograms (one row per active key a period): what a summary by key without perc
 `usage_hour_total` and `usage_day_total`: every request of a period together, with the
 histograms (one row a period): what a summary by nothing but the period reads (a console's
 time series).
-`usage_month_key`: per UTC calendar month and key, the counters and sums: totals by key over a
-range read its whole months here, its other whole days from `usage_day_key` and the hours at
-its ends from `usage_hour_key` (a year by key: about 12 rows a key, not 365).
+`usage_month_key` and `usage_month_all_keys`: per UTC calendar month, the counters and sums
+by key alone and by every dimension but the key: totals over a range without percentiles read
+its whole months here, its other whole days from the daily rollups and its part days from the
+hourly ones (a year by key: about 12 rows a key, not 365).
 `usage_schema`: the versions applied.
 """
 
@@ -175,6 +176,7 @@ daily_key = _rollup("usage_day_key", KEY_ONLY, TOTALS, clustered=True)
 hourly_total = _rollup("usage_hour_total", ())
 daily_total = _rollup("usage_day_total", ())
 monthly_key = _rollup("usage_month_key", KEY_ONLY, TOTALS, clustered=True)
+monthly_all_keys = _rollup("usage_month_all_keys", ALL_KEYS, TOTALS)
 ROLLUPS = {
     hourly: Rollup(HOUR_S, DIMENSIONS, ADDED),
     daily: Rollup(DAY_S, DIMENSIONS, ADDED),
@@ -188,6 +190,7 @@ ROLLUPS = {
     hourly_total: Rollup(HOUR_S, (), ADDED),
     daily_total: Rollup(DAY_S, (), ADDED),
     monthly_key: Rollup(MONTH, KEY_ONLY, TOTALS),
+    monthly_all_keys: Rollup(MONTH, ALL_KEYS, TOTALS),
 }
 
 
@@ -236,21 +239,25 @@ def _v4(conn: Connection) -> None:
 
 
 def _v5(conn: Connection) -> None:
-    """The monthly totals by key, filled from the daily ones (added up here: month arithmetic
-    the same on every database)."""
-    monthly_key.create(conn, checkfirst=True)
-    months: dict[tuple[int, str], list[Any]] = {}
-    for row in conn.execute(select(daily_key.c.bucket, daily_key.c.key_id, *daily_key.c[TOTALS])):
-        month = bucket_start(row[0], MONTH)
-        total = months.get((month, row[1]))
-        if total is None:
-            months[(month, row[1])] = list(row[2:])
-        else:
-            total[:] = [a + b for a, b in zip(total, row[2:], strict=True)]
-    names = ("bucket", "key_id", *TOTALS)
-    rows = [dict(zip(names, (*pk, *total), strict=True)) for pk, total in sorted(months.items())]
-    for start in range(0, len(rows), 1000):
-        conn.execute(insert(monthly_key), rows[start : start + 1000])
+    """The monthly totals by key and of every key together, filled from the daily rollups
+    (added up here: month arithmetic the same on every database)."""
+    for table, source in ((monthly_key, daily_key), (monthly_all_keys, daily_all_keys)):
+        table.create(conn, checkfirst=True)
+        shape = ROLLUPS[table]
+        months: dict[tuple[Any, ...], list[Any]] = {}
+        head = 1 + len(shape.dims)
+        read = select(source.c.bucket, *source.c[shape.dims], *source.c[shape.added])
+        for row in conn.execute(read):
+            pk = (bucket_start(row[0], MONTH), *row[1:head])
+            total = months.get(pk)
+            if total is None:
+                months[pk] = list(row[head:])
+            else:
+                total[:] = [a + b for a, b in zip(total, row[head:], strict=True)]
+        names = ("bucket", *shape.dims, *shape.added)
+        rows = [dict(zip(names, (*pk, *sums), strict=True)) for pk, sums in sorted(months.items())]
+        for start in range(0, len(rows), 1000):
+            conn.execute(insert(table), rows[start : start + 1000])
 
 
 # Versioned migrations, in order; each runs once, in the transaction that records it.

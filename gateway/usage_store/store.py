@@ -47,6 +47,7 @@ from gateway.usage_store.schema import (
     KEY_ONLY,
     MODEL_PROVIDER,
     ROLLUPS,
+    TOTALS,
     daily,
     daily_all_keys,
     daily_key,
@@ -59,6 +60,7 @@ from gateway.usage_store.schema import (
     hourly_model_provider,
     hourly_total,
     migrate,
+    monthly_all_keys,
     monthly_key,
     records,
 )
@@ -149,6 +151,9 @@ class UsageStore:
                 await self._sql.add_rollups(conn, hourly_all_keys, all_hours)
                 all_days = coarser(all_hours, DAY_S, ALL_KEYS, ALL_KEYS)
                 await self._sql.add_rollups(conn, daily_all_keys, all_days)
+                totals = [day[: 1 + len(ALL_KEYS) + len(TOTALS)] for day in all_days]
+                all_months = coarser(totals, MONTH, ALL_KEYS, ALL_KEYS)
+                await self._sql.add_rollups(conn, monthly_all_keys, all_months)
                 model_provider_hours = coarser(all_hours, HOUR_S, MODEL_PROVIDER, ALL_KEYS)
                 await self._sql.add_rollups(conn, hourly_model_provider, model_provider_hours)
                 model_provider_days = coarser(

@@ -1,8 +1,9 @@
 """A summary's one statement: on the narrowest rollup that answers it (`rollup_for`); for
-totals over a range, on the fewest rows that add up to them (`_pieces`): the hourly rollup for
-the hours at its ends only, the daily one for the whole days in it, and the monthly one (by key)
-for the whole months, added up in the statement (a week up to now reads 6 days and 24 hours,
-not 168 hours; a year by key about 12 months, not 365 days)."""
+totals over a range, on the fewest rows that add up to them (`_pieces`): the monthly rollup
+(by key, or every key together) for its whole months, the daily one for its other whole days,
+the hourly one for the hours at its ends, and a part period of more than half its period as
+the period less the rest of it, added up in the statement (a week up to now reads 6 days and
+the hours of one part day; a year by key about 12 months, not 365 days)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from gateway.usage_store.schema import (
     hourly_key,
     hourly_model_provider,
     hourly_total,
+    monthly_all_keys,
     monthly_key,
 )
 
@@ -99,11 +101,10 @@ Piece = tuple[Table, int | None, int | None, int]  # a rollup, its buckets in [l
 
 def _pieces(used: set[str], q: SummaryQuery, start: int | None, end: int | None) -> list[Piece]:
     """Totals over [start, end) as the fewest rows that add up to them: the whole days in it
-    from the daily rollup (its whole months from the monthly one where the daily one has one),
-    and each part day at its ends from the hourly one: its hours, or when those are more than
-    half the day, the day less the hours outside the range (which, for a range that ends now,
-    hold nothing yet). Rollups count whole hours: the hours holding the range's ends. One piece:
-    a single table."""
+    (`_whole`: by month where there is a monthly rollup), and each part day at its ends from the
+    hourly rollup: its hours, or when those are more than half the day, the day less the hours
+    outside the range (which, for a range that ends now, hold nothing yet). Rollups count whole
+    hours: the hours holding the range's ends. One piece: a single table."""
     low = None if start is None else start - start % HOUR_S
     first = None if low is None else -(-low // DAY_S) * DAY_S  # the first midnight in it
     last = None if end is None else end // DAY_S * DAY_S  # the last one
@@ -114,42 +115,56 @@ def _pieces(used: set[str], q: SummaryQuery, start: int | None, end: int | None)
     if low is not None and first is not None and low != first:
         pieces += _part_day(hours, days, first - DAY_S, low, first)
     if first is None or last is None or first < last:
-        pieces += _whole(days, first, last)
+        pieces += _whole(days, first, last, q.latency)
     if end is not None and last is not None and end != last:
         pieces += _part_day(hours, days, last, last, -(-end // HOUR_S) * HOUR_S)
     return pieces
 
 
 def _part_day(hours: Table, days: Table, day: int, low: int, high: int) -> list[Piece]:
-    """The hours [low, high) of the day starting at `day`, directly or as the day less its
-    other hours, whichever reads fewer hours."""
-    if high - low <= DAY_S // 2:
-        return [(hours, low, high, 1)]
-    outside = [(hours, day, low, -1)] if low > day else []
-    if high < day + DAY_S:
-        outside.append((hours, high, day + DAY_S, -1))
-    return [(days, day, day + DAY_S, 1), *outside]
+    """The hours [low, high) of the day starting at `day` (`_part_of`)."""
+    return _part_of(hours, days, day, day + DAY_S, low, high)
 
 
-def _whole(days: Table, first: int | None, last: int | None) -> list[Piece]:
-    """The whole days [first, last) (None: unbounded), their whole months from the monthly
-    rollup where there is one."""
-    months = _MONTHLY.get(days)
-    span = None if months is None else _whole_months(first, last)
-    if months is None or span is None:
+def _part_of(fine: Table, coarse: Table, start: int, end: int, low: int, high: int) -> list[Piece]:
+    """[low, high) inside the period [start, end) of the `coarse` rollup: from the `fine` one,
+    or when that is more than half the period, the period less the rest of it."""
+    if high - low <= (end - start) // 2:
+        return [(fine, low, high, 1)]
+    outside = [(fine, start, low, -1)] if low > start else []
+    if high < end:
+        outside.append((fine, high, end, -1))
+    return [(coarse, start, end, 1), *outside]
+
+
+def _whole(days: Table, first: int | None, last: int | None, latency: bool) -> list[Piece]:
+    """The whole days [first, last) (None: unbounded). Where the daily rollup has a monthly one
+    (and the summary reads no p50/p95): its whole months from that, and each part month at its
+    ends as its days, or the month less its other days (`_part_of`)."""
+    months = None if latency else _MONTHLY.get(days)
+    if months is None:
         return [(days, first, last, 1)]
-    month_first, month_last = span
     pieces: list[Piece] = []
-    if first != month_first:
-        pieces.append((days, first, month_first, 1))
-    pieces.append((months, month_first, month_last, 1))
-    if last != month_last:
-        pieces.append((days, month_last, last, 1))
+    low = first
+    if first is not None and bucket_start(first, MONTH) != first:  # a part month first
+        month = bucket_start(first, MONTH)
+        after = next_month(month)
+        high = after if last is None or last >= after else last
+        pieces += _part_of(days, months, month, after, first, high)
+        if last is not None and high >= last:
+            return pieces
+        low = high
+    month_last = None if last is None else bucket_start(last, MONTH)
+    if low is None or month_last is None or low < month_last:
+        pieces.append((months, low, month_last, 1))
+    if last is not None and month_last is not None and month_last != last:
+        pieces += _part_of(days, months, month_last, next_month(month_last), month_last, last)
     return pieces
 
 
-# The daily rollups that have monthly ones (the same dimensions and sums, by UTC month).
-_MONTHLY = {daily_key: monthly_key}
+# The daily rollups that have monthly ones (the same dimensions, by UTC month; the counters and
+# sums, without the histograms).
+_MONTHLY = {daily_key: monthly_key, daily_all_keys: monthly_all_keys}
 
 
 def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
@@ -166,19 +181,6 @@ def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
         ):
             return table
     raise AssertionError("the keyed rollups hold every dimension")
-
-
-def _whole_months(first: int | None, last: int | None) -> tuple[int | None, int | None] | None:
-    """The whole UTC months [m1, m2) inside the whole days [first, last) (None: unbounded on
-    that side), or None when there is no whole month in it."""
-    if first is None:
-        month_first = None
-    else:
-        month_first = first if bucket_start(first, MONTH) == first else next_month(first)
-    month_last = None if last is None else bucket_start(last, MONTH)
-    if month_first is not None and month_last is not None and month_first >= month_last:
-        return None
-    return month_first, month_last
 
 
 def _part(

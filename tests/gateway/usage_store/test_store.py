@@ -302,9 +302,10 @@ async def test_a_part_day_read_as_its_day_less_its_other_hours_keeps_only_what_i
 
 
 async def test_totals_by_key_read_whole_months_from_the_monthly_rollup(store_url: str) -> None:
-    """Totals by key over a range of several months (whole months from the monthly totals,
-    the days and hours around them from the daily and hourly ones) equal the hourly periods
-    added up, and so does every key's total over all time (the months alone)."""
+    """Totals by key, or over every key by model or status, over ranges of several months
+    (whole months from the monthly totals, the days and hours around them from the daily and
+    hourly ones, a long part month as its month less its other days) equal the hourly periods
+    added up, and so does a key's total over all time (the months alone)."""
     store = await UsageStore.open(store_url)
     try:
         first = datetime(2026, 1, 20, 3, 30, tzinfo=UTC).timestamp()
@@ -318,20 +319,24 @@ async def test_totals_by_key_read_whole_months_from_the_monthly_rollup(store_url
             (day + timedelta(days=31), day + timedelta(days=90)),  # February and March whole
             (day + timedelta(days=31), day + timedelta(days=59, hours=1)),  # one month
             (day + timedelta(days=40), day + timedelta(days=70)),  # no whole month
+            (day + timedelta(days=40), day + timedelta(days=50)),  # ten days of one month
+            # part months of more than half a month: the month less its other days
+            (day + timedelta(days=4), day + timedelta(days=84)),
+            (day + timedelta(days=33), day + timedelta(days=55, hours=6)),
             (None, day + timedelta(days=61, hours=5)),
             (day + timedelta(days=33, minutes=10), None),
             (None, None),
         ):
-            for key in (None, "key1"):
+            for group, key in (("key", None), ("key", "key1"), ("model", None), ("status", None)):
                 window = {"start": start, "end": end, "key": key, "latency": False}
-                got = await store.summary(SummaryQuery(group_by="key", **window))
-                hours = await store.summary(SummaryQuery(group_by="key", interval="hour", **window))
+                got = await store.summary(SummaryQuery(group_by=group, **window))
+                hours = await store.summary(SummaryQuery(group_by=group, interval="hour", **window))
                 expected: dict[object, dict[str, float]] = {}
                 for r in hours:
-                    total = expected.setdefault(r["key"], dict.fromkeys(counters, 0))
+                    total = expected.setdefault(r[group], dict.fromkeys(counters, 0))
                     for name in counters:
                         total[name] += r[name]
-                assert {r["key"]: {n: r[n] for n in counters} for r in got} == {
+                assert {r[group]: {n: r[n] for n in counters} for r in got} == {
                     k: pytest.approx(v) for k, v in expected.items()
                 }
                 assert sum(r["requests"] for r in got) > 0
@@ -342,17 +347,22 @@ async def test_totals_by_key_read_whole_months_from_the_monthly_rollup(store_url
 
 
 def test_only_ranges_over_whole_months_read_the_monthly_rollup() -> None:
-    def tables(**window: object) -> str:
-        stmt, _ = summary_statement("sqlite", SummaryQuery(group_by="key", latency=False, **window))
-        return str(stmt)
+    def tables(group_by: str = "key", latency: bool = False, **window: object) -> str:
+        q = SummaryQuery(group_by=group_by, latency=latency, **window)
+        return str(summary_statement("sqlite", q)[0])
 
     day = datetime(2026, 1, 1, tzinfo=UTC)
     assert "usage_month_key" in tables(start=day + timedelta(days=25), end=day + timedelta(days=90))
     assert "usage_month_key" in tables()
+    # February 10 to March 12: February less its first 9 days; February 10 to 20: days
+    assert "usage_month_key" in tables(start=day + timedelta(days=40), end=day + timedelta(days=70))
     assert "usage_month_key" not in tables(
-        start=day + timedelta(days=40), end=day + timedelta(days=70)
+        start=day + timedelta(days=40), end=day + timedelta(days=50)
     )
     assert "usage_month_key" not in tables(start=day, end=day + timedelta(days=90), interval="day")
+    by_model = {"group_by": "model,thinking,route", "start": day, "end": day + timedelta(days=90)}
+    assert "usage_month_all_keys" in tables(**by_model)
+    assert "usage_month_all_keys" not in tables(**by_model, latency=True)  # no histograms there
 
 
 async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
@@ -381,6 +391,7 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
             "DROP TABLE usage_hour_total",
             "DROP TABLE usage_day_total",
             "DROP TABLE usage_month_key",
+            "DROP TABLE usage_month_all_keys",
             "DELETE FROM usage_schema WHERE version >= 2",
         ):
             await store.run(statement)
