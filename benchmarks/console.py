@@ -7,13 +7,13 @@ scripts and the first plot's data, which the page embeds; target < 300 KB).
 Records spread evenly over the last 90 days up to now, over 1,000 key ids (the first `--keys`
 of them real keys in the key store, so the Keys page finds their budgets and last use) and
 20 models (benchmarks/usage_store.py's generator). A gateway (the real app, SQLite store,
-the shared Redis at 127.0.0.1:6379 under a unique prefix, the mock upstream) serves the
-console (raw records kept 400 days, so none of the 90 are purged); after one untimed request to
-two other pages (the process's first use), each page is requested once (its summaries
-computed) and 7 more times (the median, within the console's shared
-summaries), measured at the client over loopback: the server's time plus well under a
-millisecond. `--db` keeps the loaded store in PATH and reuses it when it already holds the
-records.
+the shared Redis at 127.0.0.1:6379 under a unique prefix, the mock upstream; its heap settled
+after start as `python -m gateway` does) serves the console (raw records kept 400 days, so
+none of the 90 are purged); after one untimed request to two other pages (the process's first
+use), each page is requested once (its summaries computed) and 7 more times (the median,
+within the console's shared summaries), measured at the client over loopback: the server's
+time plus well under a millisecond. `--db` keeps the loaded store in PATH and reuses it when it
+already holds the records.
 """
 
 from __future__ import annotations
