@@ -55,7 +55,9 @@ class UsageSettings(BaseModel):
     )
     retention_days: int = Field(default=30, gt=0, description="Days raw records are kept.")
     rollup_retention_days: int = Field(
-        default=400, gt=0, description="Days the hourly and daily rollups are kept."
+        default=400,
+        gt=0,
+        description="Days the rollups are kept at least (they are deleted by whole UTC months).",
     )
     retention_interval_s: float = Field(
         default=3600.0, gt=0, description="How often retention deletes what is past it."

@@ -9,8 +9,8 @@
     summary groups and filters by nothing else, by key alone or key x model without
     percentiles, all-keys when it neither groups nor filters by key, else keyed; totals over
     a range that is not whole days read its whole days from the daily rollup.
-  - `purge(now_s)`: retention (raw rows after `retention_days`, rollups after
-    `rollup_retention_days`).
+  - `purge(now_s)`: retention (raw rows after `retention_days`, rollups by whole UTC months
+    after `rollup_retention_days`).
 The schema is migrated at `open` (under a lock: PostgreSQL's advisory lock, SQLite's write lock).
 """
 
@@ -37,7 +37,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH
+from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH, bucket_start
 from gateway.usage_store.export_sql import export_sql
 from gateway.usage_store.insert_sql import InsertSQL
 from gateway.usage_store.queries import ExportQuery, Filters, RecordsQuery, SummaryQuery
@@ -172,14 +172,16 @@ class UsageStore:
         return len(fresh)
 
     async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
-        """Delete raw rows older than `retention_days` and rollups older than `rollup_days`."""
+        """Delete raw rows older than `retention_days`, and the rollups of the UTC months that
+        ended more than `rollup_days` ago: whole months, so that every rollup holds the same
+        periods (a range's pieces read a month less its days, a day less its hours)."""
         deleted = {}
         async with self._writer.begin() as conn:
             cutoff_ms = int((now_s - retention_days * DAY_S) * 1000)
             result = await conn.execute(delete(records).where(records.c.ts_ms < cutoff_ms))
             deleted[records.name] = result.rowcount
+            cutoff = bucket_start(int(now_s - rollup_days * DAY_S), MONTH)
             for table in ROLLUPS:
-                cutoff = int(now_s - rollup_days * DAY_S)
                 result = await conn.execute(delete(table).where(table.c.bucket < cutoff))
                 deleted[table.name] = result.rowcount
         return deleted

@@ -487,7 +487,16 @@ async def test_retention_deletes_only_what_is_past_it(store_url: str) -> None:
         assert await store.count() == 0
         [total] = await store.summary(SummaryQuery())
         assert total["requests"] == 144  # the rollups outlive the raw rows
-        await store.purge(now, retention_days=1, rollup_days=1)
+        # Rollups go by whole months: a cutoff at 06:00 on March 30 keeps March in every
+        # rollup, so March 30 from 10:00 (the day less its first 10 hours) reads whole.
+        deleted = await store.purge(DAY0 + 6 * 3600 + 86_400, retention_days=1, rollup_days=1)
+        assert not any(deleted[t] for t in deleted if t != "usage_records")
+        [kept] = await store.summary(SummaryQuery(start=datetime(2026, 3, 30, 10, tzinfo=UTC)))
+        assert kept["requests"] == 144 - 60
+        await store.purge(now, retention_days=1, rollup_days=1)  # March 31: March stays
+        [kept] = await store.summary(SummaryQuery())
+        assert kept["requests"] == 144
+        await store.purge(DAY0 + 40 * 86_400, retention_days=1, rollup_days=1)  # May 8
         assert await store.summary(SummaryQuery()) == []
     finally:
         await store.aclose()
