@@ -1,10 +1,11 @@
 """The asyncio face of the engine: the step loop runs in its own thread.
 
 One `threading.Thread` owns the `LLMEngine`. Callers on any event loop submit commands (add,
-abort, finish) into an inbox guarded by a condition; the thread applies them between steps,
-runs one step while work remains, sleeps on the condition when idle, and hands each output to
-its request's `asyncio.Queue` with `loop.call_soon_threadsafe`. A request whose consumer stops
-iterating is aborted; its blocks are freed at the next step.
+abort, finish; `engine_inbox`) into an inbox guarded by a condition; the thread applies them
+between steps, runs one step while work remains, sleeps on the condition when idle, and hands
+each output to its request's output stream (an `asyncio.Queue`) with
+`loop.call_soon_threadsafe`. A request whose consumer stops iterating is aborted; its blocks are
+freed at the next step.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from backend.engine.blocks import BlockEvent
 from backend.engine.engine_config import EngineConfig
+from backend.engine.engine_inbox import Add, Finish, OutputStream
 from backend.engine.interface import (
     EngineClosed,
     EngineDown,
@@ -57,37 +59,6 @@ class _State(enum.Enum):
     STOPPED = enum.auto()
 
 
-@dataclass(slots=True, eq=False)
-class _Stream:
-    """Where a request's outputs go: a queue owned by the consumer's event loop. `closed`
-    (guarded by the engine's lock) once its consumer is gone or has its last item."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
-    closed: bool = False
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        """Thread-safe hand-over; a closed loop has no consumer left to tell."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:
-            logger.debug("dropped an output for a closed event loop")
-
-
-@dataclass(frozen=True, slots=True)
-class _Add:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    stream: _Stream
-
-
-@dataclass(frozen=True, slots=True)
-class _Finish:
-    request_id: str
-    reason: FinishReason
-
-
 class AsyncEngine:
     """Serves an `LLMEngine` to asyncio code; `start()` it, then `generate` from any loop.
 
@@ -100,15 +71,15 @@ class AsyncEngine:
         self._max_waiting = engine.config.max_waiting
         self._cond = threading.Condition()
         # guarded by _cond:
-        self._commands: list[_Add | _Finish] = []
-        self._streams: dict[str, _Stream] = {}  # requests in flight, by id
+        self._commands: list[Add | Finish] = []
+        self._streams: dict[str, OutputStream] = {}  # requests in flight, by id
         self._num_queued = 0  # adds in _commands not yet applied
         self._state = _State.NEW
         self._stop_deadline = 0.0
         self._stats = engine.stats()
         self._failure: Exception | None = None  # why the thread ended, when it failed
         # owned by the engine thread: the stream of each request the LLMEngine holds
-        self._routes: dict[str, _Stream] = {}
+        self._routes: dict[str, OutputStream] = {}
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
 
     @classmethod
@@ -201,7 +172,7 @@ class AsyncEngine:
         cancellation, break) aborts the request.
         """
         self._engine.check_prompt(prompt_ids)
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = OutputStream(asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
             if self._state is not _State.RUNNING:
                 raise EngineClosed(f"the engine is {self._state.name.lower()}")
@@ -212,7 +183,7 @@ class AsyncEngine:
                 raise EngineOverloaded(self._retry_after_s(num_waiting))
             self._streams[request_id] = stream
             self._num_queued += 1
-            self._commands.append(_Add(request_id, list(prompt_ids), params, stream))
+            self._commands.append(Add(request_id, list(prompt_ids), params, stream))
             self._cond.notify()
         finished = False
         try:
@@ -234,7 +205,7 @@ class AsyncEngine:
             if stream is None:
                 return
             stream.closed = True
-            self._commands.append(_Finish(request_id, "abort"))
+            self._commands.append(Finish(request_id, "abort"))
             self._cond.notify()
 
     def finish(self, request_id: str, reason: FinishReason = "stop") -> None:
@@ -242,7 +213,7 @@ class AsyncEngine:
         consumer then receives a final output with `reason`."""
         with self._cond:
             if request_id in self._streams:
-                self._commands.append(_Finish(request_id, reason))
+                self._commands.append(Finish(request_id, reason))
                 self._cond.notify()
 
     def _retry_after_s(self, num_waiting: int) -> float:
@@ -305,12 +276,12 @@ class AsyncEngine:
         self._deliver(deliveries)
         return True
 
-    def _apply(self, commands: list[_Add | _Finish]) -> list[tuple[_Stream, RequestOutput]]:
+    def _apply(self, commands: list[Add | Finish]) -> list[tuple[OutputStream, RequestOutput]]:
         """Apply commands in order; the final outputs of finished requests, routed at once
         (a later add may reuse the request id)."""
-        deliveries: list[tuple[_Stream, RequestOutput]] = []
+        deliveries: list[tuple[OutputStream, RequestOutput]] = []
         for command in commands:
-            if isinstance(command, _Finish):
+            if isinstance(command, Finish):
                 output = self._engine.finish(command.request_id, command.reason)
                 if output is not None:
                     deliveries += self._route([output])
@@ -323,9 +294,9 @@ class AsyncEngine:
                 self._routes[command.request_id] = command.stream
         return deliveries
 
-    def _route(self, outputs: list[RequestOutput]) -> list[tuple[_Stream, RequestOutput]]:
+    def _route(self, outputs: list[RequestOutput]) -> list[tuple[OutputStream, RequestOutput]]:
         """Pair outputs with their streams; a finished request's route ends here."""
-        deliveries: list[tuple[_Stream, RequestOutput]] = []
+        deliveries: list[tuple[OutputStream, RequestOutput]] = []
         for output in outputs:
             if output.finished:
                 stream = self._routes.pop(output.request_id, None)
@@ -335,7 +306,7 @@ class AsyncEngine:
                 deliveries.append((stream, output))
         return deliveries
 
-    def _deliver(self, deliveries: list[tuple[_Stream, RequestOutput]]) -> None:
+    def _deliver(self, deliveries: list[tuple[OutputStream, RequestOutput]]) -> None:
         """Hand outputs to streams still open; a finished output closes its stream."""
         with self._cond:
             open_deliveries = [(s, o) for s, o in deliveries if not s.closed]
@@ -345,10 +316,10 @@ class AsyncEngine:
         for stream, output in open_deliveries:
             stream.put(output)
 
-    def _publish(self, commands: list[_Add | _Finish]) -> None:
+    def _publish(self, commands: list[Add | Finish]) -> None:
         stats = self._engine.stats()
         with self._cond:
-            self._num_queued -= sum(isinstance(c, _Add) for c in commands)
+            self._num_queued -= sum(isinstance(c, Add) for c in commands)
             self._stats = stats
 
     def _fail_streams(
@@ -370,12 +341,12 @@ class AsyncEngine:
 
     def _close_and_put(
         self,
-        pairs: list[tuple[str, _Stream]],
+        pairs: list[tuple[str, OutputStream]],
         make_error: Callable[[], Exception],
         cause: BaseException | None,
     ) -> None:
         """Close each still open stream and hand it a fresh error caused by `cause`."""
-        opened: list[_Stream] = []
+        opened: list[OutputStream] = []
         with self._cond:
             for request_id, stream in pairs:
                 if not stream.closed:
@@ -387,7 +358,7 @@ class AsyncEngine:
                 error.__cause__ = cause
             stream.put(error)
 
-    def _reject(self, request_id: str, stream: _Stream, error: Exception) -> None:
+    def _reject(self, request_id: str, stream: OutputStream, error: Exception) -> None:
         """The engine refused the request: hand its stream `error` unless it is closed."""
         with self._cond:
             if stream.closed:
@@ -395,7 +366,7 @@ class AsyncEngine:
             self._close(request_id, stream)
         stream.put(error)
 
-    def _close(self, request_id: str, stream: _Stream) -> None:
+    def _close(self, request_id: str, stream: OutputStream) -> None:
         """Under the lock: no more items for `stream`; frees its request id for reuse."""
         stream.closed = True
         if self._streams.get(request_id) is stream:
