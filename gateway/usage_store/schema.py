@@ -49,7 +49,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.schema import SchemaItem
 
-from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH, bucket_start
+from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH
 from gateway.usage_store.sketch import BUCKETS
 from plumbing.record import record
 
@@ -192,6 +192,20 @@ ROLLUPS = {
     monthly_key: Rollup(MONTH, KEY_ONLY, TOTALS),
     monthly_all_keys: Rollup(MONTH, ALL_KEYS, TOTALS),
 }
+# How an insert makes each rollup's increments: these from the records, in one pass; every
+# other one folded from the increments of the rollup it names (finer, holding its dimensions).
+FROM_RECORDS = (hourly, hourly_all_keys, daily_key_model, hourly_key)
+FOLDED_FROM = {
+    daily: hourly,
+    daily_all_keys: hourly_all_keys,
+    monthly_all_keys: daily_all_keys,
+    hourly_model_provider: hourly_all_keys,
+    daily_model_provider: hourly_model_provider,
+    hourly_total: hourly_model_provider,
+    daily_total: hourly_total,
+    daily_key: hourly_key,
+    monthly_key: daily_key,
+}
 
 
 def _v1(conn: Connection) -> None:
@@ -240,22 +254,16 @@ def _v4(conn: Connection) -> None:
 
 def _v5(conn: Connection) -> None:
     """The monthly totals by key and of every key together, filled from the daily rollups
-    (added up here: month arithmetic the same on every database)."""
+    (folded here: month arithmetic the same on every database)."""
+    from gateway.usage_store.rows import coarser  # rows builds on this module
+
     for table, source in ((monthly_key, daily_key), (monthly_all_keys, daily_all_keys)):
         table.create(conn, checkfirst=True)
         shape = ROLLUPS[table]
-        months: dict[tuple[Any, ...], list[Any]] = {}
-        head = 1 + len(shape.dims)
         read = select(source.c.bucket, *source.c[shape.dims], *source.c[shape.added])
-        for row in conn.execute(read):
-            pk = (bucket_start(row[0], MONTH), *row[1:head])
-            total = months.get(pk)
-            if total is None:
-                months[pk] = list(row[head:])
-            else:
-                total[:] = [a + b for a, b in zip(total, row[head:], strict=True)]
+        months = coarser(map(list, conn.execute(read)), MONTH, shape.dims, shape.dims)
         names = ("bucket", *shape.dims, *shape.added)
-        rows = [dict(zip(names, (*pk, *sums), strict=True)) for pk, sums in sorted(months.items())]
+        rows = [dict(zip(names, month, strict=True)) for month in months]
         for start in range(0, len(rows), 1000):
             conn.execute(insert(table), rows[start : start + 1000])
 

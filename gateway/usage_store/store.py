@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     String,
+    Table,
     and_,
     delete,
     event,
@@ -37,43 +38,40 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH, bucket_start
+from gateway.usage_store.buckets import DAY_S, MONTH, bucket_start
 from gateway.usage_store.export_sql import export_sql
 from gateway.usage_store.insert_sql import InsertSQL
 from gateway.usage_store.queries import ExportQuery, Filters, RecordsQuery, SummaryQuery
 from gateway.usage_store.rows import Grain, coarser, rollups_at
 from gateway.usage_store.schema import (
-    ALL_KEYS,
-    KEY_ONLY,
-    MODEL_PROVIDER,
+    FOLDED_FROM,
+    FROM_RECORDS,
     ROLLUPS,
-    TOTALS,
-    daily,
-    daily_all_keys,
-    daily_key,
-    daily_key_model,
-    daily_model_provider,
-    daily_total,
-    hourly,
-    hourly_all_keys,
-    hourly_key,
-    hourly_model_provider,
-    hourly_total,
     migrate,
-    monthly_all_keys,
-    monthly_key,
     records,
 )
 from gateway.usage_store.summary_rows import summary_row
 from gateway.usage_store.summary_sql import Only, summary_statement
 
 _MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
-# What an insert rolls up from its rows in one pass (the daily rollups with every dimension are
-# folded from the hourly ones): the keyed and all-keys hours, the key x model days' totals.
+# What an insert rolls up from its rows in one pass (`schema.FROM_RECORDS`).
 _GRAINS: tuple[Grain, ...] = tuple(
-    (ROLLUPS[t].bucket_s, ROLLUPS[t].dims, len(ROLLUPS[t].added))
-    for t in (hourly, hourly_all_keys, daily_key_model, hourly_key)
+    (ROLLUPS[t].bucket_s, ROLLUPS[t].dims, len(ROLLUPS[t].added)) for t in FROM_RECORDS
 )
+
+
+def _increments(rows: Sequence[Mapping[str, Any]]) -> dict[Table, list[list[Any]]]:
+    """Every rollup's increments for `rows`: from the rows in one pass, or folded from another
+    rollup's increments (`schema.FOLDED_FROM`; a rollup of totals keeps the leading columns)."""
+    made = dict(zip(FROM_RECORDS, rollups_at(rows, _GRAINS), strict=True))
+    for table, source in FOLDED_FROM.items():
+        shape, finer = ROLLUPS[table], ROLLUPS[source]
+        width = 1 + len(finer.dims) + len(shape.added)
+        increments = made[source]
+        if len(shape.added) < len(finer.added):
+            increments = [increment[:width] for increment in increments]
+        made[table] = coarser(increments, shape.bucket_s, shape.dims, finer.dims)
+    return made
 
 
 def _sqlite_engines(url: str) -> tuple[AsyncEngine, AsyncEngine]:
@@ -145,30 +143,8 @@ class UsageStore:
             new = await self._sql.insert_records(conn, unique)
             fresh = [row for row in unique if row["record_id"] in new]
             if fresh:
-                hours, all_hours, key_model, key_hours = rollups_at(fresh, _GRAINS)
-                await self._sql.add_rollups(conn, hourly, hours)
-                await self._sql.add_rollups(conn, daily, coarser(hours, DAY_S))
-                await self._sql.add_rollups(conn, hourly_all_keys, all_hours)
-                all_days = coarser(all_hours, DAY_S, ALL_KEYS, ALL_KEYS)
-                await self._sql.add_rollups(conn, daily_all_keys, all_days)
-                totals = [day[: 1 + len(ALL_KEYS) + len(TOTALS)] for day in all_days]
-                all_months = coarser(totals, MONTH, ALL_KEYS, ALL_KEYS)
-                await self._sql.add_rollups(conn, monthly_all_keys, all_months)
-                model_provider_hours = coarser(all_hours, HOUR_S, MODEL_PROVIDER, ALL_KEYS)
-                await self._sql.add_rollups(conn, hourly_model_provider, model_provider_hours)
-                model_provider_days = coarser(
-                    model_provider_hours, DAY_S, MODEL_PROVIDER, MODEL_PROVIDER
-                )
-                await self._sql.add_rollups(conn, daily_model_provider, model_provider_days)
-                total_hours = coarser(model_provider_hours, HOUR_S, (), MODEL_PROVIDER)
-                await self._sql.add_rollups(conn, hourly_total, total_hours)
-                await self._sql.add_rollups(conn, daily_total, coarser(total_hours, DAY_S, (), ()))
-                await self._sql.add_rollups(conn, hourly_key, key_hours)
-                key_days = coarser(key_hours, DAY_S, KEY_ONLY, KEY_ONLY)
-                await self._sql.add_rollups(conn, daily_key, key_days)
-                key_months = coarser(key_days, MONTH, KEY_ONLY, KEY_ONLY)
-                await self._sql.add_rollups(conn, monthly_key, key_months)
-                await self._sql.add_rollups(conn, daily_key_model, key_model)
+                for table, increments in _increments(fresh).items():
+                    await self._sql.add_rollups(conn, table, increments)
         return len(fresh)
 
     async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:

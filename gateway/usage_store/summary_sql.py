@@ -113,17 +113,12 @@ def _pieces(used: set[str], q: SummaryQuery, start: int | None, end: int | None)
     hours, days = rollup_for(used, q, False), rollup_for(used, q, True)
     pieces: list[Piece] = []
     if low is not None and first is not None and low != first:
-        pieces += _part_day(hours, days, first - DAY_S, low, first)
+        pieces += _part_of(hours, days, first - DAY_S, first, low, first)
     if first is None or last is None or first < last:
         pieces += _whole(days, first, last, q.latency)
     if end is not None and last is not None and end != last:
-        pieces += _part_day(hours, days, last, last, -(-end // HOUR_S) * HOUR_S)
+        pieces += _part_of(hours, days, last, last + DAY_S, last, -(-end // HOUR_S) * HOUR_S)
     return pieces
-
-
-def _part_day(hours: Table, days: Table, day: int, low: int, high: int) -> list[Piece]:
-    """The hours [low, high) of the day starting at `day` (`_part_of`)."""
-    return _part_of(hours, days, day, day + DAY_S, low, high)
 
 
 def _part_of(fine: Table, coarse: Table, start: int, end: int, low: int, high: int) -> list[Piece]:
