@@ -83,7 +83,7 @@ def fp8_gemm_kernel(
             w = w.to(tl.float32)
         elif not ACT_SCALED:
             w = w.to(a.dtype)
-        partial = tl.dot(a, w)
+        partial = tl.dot(a, w, input_precision="ieee")
         if ACT_SCALED:
             a_scale = tl.load(as_ptr + offs_m * stride_asm + k0 // SCALE_K, mask=mask_m, other=0.0)
             partial = partial * a_scale[:, None]

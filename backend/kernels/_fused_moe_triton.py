@@ -40,7 +40,7 @@ def _expert_dot(
             w = w.to(tl.float32)
         else:
             w = w.to(a.dtype)
-        partial = tl.dot(a, w)
+        partial = tl.dot(a, w, input_precision="ieee")
         if FP8:
             scale = tl.load(s_ptr + s_rows * stride_s + k0 // SCALE_K, mask=mask_n, other=0.0)
             partial = partial * scale[None, :]

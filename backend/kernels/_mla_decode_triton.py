@@ -75,13 +75,15 @@ def mla_decode_kernel(
         if UPCAST:
             c_kv = c_kv.to(tl.float32)
             k_pe = k_pe.to(tl.float32)
-        scores = tl.dot(q, tl.trans(c_kv)) + tl.dot(q_pe, tl.trans(k_pe))  # [BLOCK_H, BLOCK_N]
+        scores = tl.dot(q, tl.trans(c_kv), input_precision="ieee") + tl.dot(
+            q_pe, tl.trans(k_pe), input_precision="ieee"
+        )  # [BLOCK_H, BLOCK_N]
         scores = tl.where(mask_n[None, :], scores * (scale * log2e), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(c_kv.dtype), c_kv)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c_kv.dtype), c_kv, input_precision="ieee")
         m_i = m_new
 
     has_keys = start < end
