@@ -147,7 +147,8 @@ def _torch_moe(x, w13, w2, weights, ids):  # type: ignore[no-untyped-def]
         tokens, slots = (ids == expert).nonzero(as_tuple=True)
         gate_up = x[tokens] @ w13[expert].t()
         hidden = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out.index_add_(0, tokens, (hidden @ w2[expert].t()) * weights[tokens, slots, None])
+        routed = (hidden @ w2[expert].t()) * weights[tokens, slots, None].to(x.dtype)
+        out.index_add_(0, tokens, routed)
     return out
 
 
