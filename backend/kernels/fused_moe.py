@@ -39,10 +39,11 @@ class MoETiles:
 
 def choose_tiles(num_pairs: int, num_experts: int) -> MoETiles:
     """Decode (a few rows per expert) uses 16-row blocks so little work is padding; prefill
-    uses 64-row blocks that reuse each weight tile."""
+    uses 64-row blocks that reuse each weight tile (the fastest correct tilings at V3.1's widths
+    on an H200, ``benchmarks/kernel_tiles.py``)."""
     if num_pairs <= 4 * num_experts:
         return MoETiles(16, 64, 128, 4, 4)
-    return MoETiles(64, 128, 64, 8, 3)
+    return MoETiles(64, 128, 128, 4, 3)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,15 @@ class DecodeTiles:
     num_stages: int = 2
 
 
+def choose_tiles(num_tokens: int, num_heads: int) -> DecodeTiles:
+    """Many query tokens: up to 64 heads per program, so each cached row is read once for 64
+    heads; few tokens: 16 heads per program, for more programs. Both with 8 warps, the fastest
+    correct tilings at V3.1's widths on an H200 (``benchmarks/kernel_tiles.py``)."""
+    if num_tokens >= 16:
+        return DecodeTiles(block_h=min(64, _padded(num_heads)), block_n=64, num_warps=8)
+    return DecodeTiles(block_h=16, block_n=32, num_warps=8)
+
+
 def token_layout(
     seq_lens_q: Sequence[int], context_lens: Sequence[int], device: torch.device | str = "cpu"
 ) -> tuple[Tensor, Tensor]:
@@ -139,8 +148,8 @@ def mla_decode(
     from backend.kernels import _mla_decode_triton as kernels
 
     _check(q_latent, q_pe, kv, block_tables, token_seq, token_len)
-    tiles = tiles or DecodeTiles()
     num_tokens, num_heads, lora = q_latent.shape
+    tiles = tiles or choose_tiles(num_tokens, num_heads)
     max_len = int(token_len.max()) if num_tokens else 0
     splits = _num_splits(tiles, num_tokens, num_heads, max_len)
     partial = torch.empty(
