@@ -24,7 +24,13 @@ from backend.parallel.layout import Layout
 from backend.parallel.model import ShardedCausalLM, decode_plan, encode_plan
 from backend.parallel.sizing import decode_step_bytes, rank_weight_bytes
 from tests.support.engine import GREEDY, engine_config, make_engine, random_prompts
-from tests.support.parallel import greedy_tokens, one_by_one, parallel_config, worker_pids
+from tests.support.parallel import (
+    greedy_tokens,
+    logits_by_step,
+    one_by_one,
+    parallel_config,
+    worker_pids,
+)
 from tests.support.statistics import chi2_quantile
 
 pytestmark = pytest.mark.slow
@@ -96,32 +102,12 @@ def test_two_ranks_prefix_cache_hits_give_the_same_tokens(
     assert cached["req-0"] == 0 and cached["req-1"] >= 32 and cached["req-2"] >= 32
 
 
-def _logits_by_step(
-    model: DeepseekV3ForCausalLM, prompt: list[int], next_token: int
-) -> list[torch.Tensor]:
-    """A prefill's last-row logits, the next decode's logits and (with an MTP layer) the MTP
-    hidden states of the prefill, over a fresh 4-block cache."""
-    config = model.config
-    cache = PagedLatentCache(model.num_cache_layers, 4, 16, config.latent_dim, model.dtype, "cpu")
-    table = [2, 0, 3, 1]
-    prefill = ForwardBatch.for_prefill(prompt, 0, table, 16)
-    hidden = model(prefill, cache)
-    first = model.compute_logits(hidden[-1:])
-    out = [first]
-    if model.num_mtp_layers:
-        shifted = ForwardBatch.for_prefill(prompt[1:] + [next_token], 0, table, 16)
-        out.append(model.mtp_forward(shifted, cache, hidden))
-    decode = ForwardBatch.for_prefill([next_token], len(prompt), table, 16)
-    out.append(model.compute_logits(model(decode, cache)))
-    return out
-
-
 def test_two_ranks_logits_within_tolerance(
     tiny_model: DeepseekV3ForCausalLM, tp2: ShardedCausalLM
 ) -> None:
     prompt = random_prompts(1, 37, 37, seed=5)["req-0"]
-    ours = _logits_by_step(tp2, prompt, 17)
-    theirs = _logits_by_step(tiny_model, prompt, 17)
+    ours = logits_by_step(tp2, prompt, 17)
+    theirs = logits_by_step(tiny_model, prompt, 17)
     for got, want in zip(ours, theirs, strict=True):
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, atol=LOGITS_ATOL, rtol=0)
@@ -151,7 +137,7 @@ def test_four_ranks_expert_parallel_greedy_equals_one_device(
         assert len(moe.experts) == 2  # 8 routed experts over 4 ranks
         assert moe.stacked is not None and moe.stacked.w13.shape[0] == 2  # the fused path's
         prompt = random_prompts(1, 29, 29, seed=37)["req-0"]
-        ours, theirs = _logits_by_step(model, prompt, 9), _logits_by_step(tiny_model, prompt, 9)
+        ours, theirs = logits_by_step(model, prompt, 9), logits_by_step(tiny_model, prompt, 9)
         for got, want in zip(ours, theirs, strict=True):
             torch.testing.assert_close(got, want, atol=LOGITS_ATOL, rtol=0)
     finally:
@@ -211,7 +197,7 @@ def test_checkpoint_written_by_hf_transformers(tmp_path: Path) -> None:
         engine = make_engine(model, tmp_path, parallel_config(2, **CHUNKED))
         assert greedy_tokens(engine, prompts, GREEDY) == single
         prompt = prompts["req-0"]
-        ours, theirs = _logits_by_step(model, prompt, 3), _logits_by_step(single_model, prompt, 3)
+        ours, theirs = logits_by_step(model, prompt, 3), logits_by_step(single_model, prompt, 3)
         for got, want in zip(ours, theirs, strict=True):
             torch.testing.assert_close(got, want, atol=LOGITS_ATOL, rtol=0)
     finally:

@@ -6,9 +6,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from backend.engine.engine_config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
+from backend.model.cache import ForwardBatch, PagedLatentCache
+from backend.model.model import DeepseekV3ForCausalLM
 from tests.support.engine import engine_config, run_all, tokens_of
 
 
@@ -62,3 +66,23 @@ def one_by_one(
         tokens[rid] = tokens_of(outputs)
         cached[rid] = outputs[-1].num_cached_tokens
     return tokens, cached
+
+
+def logits_by_step(
+    model: DeepseekV3ForCausalLM, prompt: list[int], next_token: int
+) -> list[torch.Tensor]:
+    """A prefill's last-row logits, the next decode's logits and (with an MTP layer) the MTP
+    hidden states of the prefill, over a fresh 4-block cache on the model's device."""
+    config, device = model.config, model.device
+    cache = PagedLatentCache(model.num_cache_layers, 4, 16, config.latent_dim, model.dtype, device)
+    table = [2, 0, 3, 1]
+    prefill = ForwardBatch.for_prefill(prompt, 0, table, 16, device)
+    hidden = model(prefill, cache)
+    first = model.compute_logits(hidden[-1:])
+    out = [first]
+    if model.num_mtp_layers:
+        shifted = ForwardBatch.for_prefill(prompt[1:] + [next_token], 0, table, 16, device)
+        out.append(model.mtp_forward(shifted, cache, hidden))
+    decode = ForwardBatch.for_prefill([next_token], len(prompt), table, 16, device)
+    out.append(model.compute_logits(model(decode, cache)))
+    return out
