@@ -136,9 +136,10 @@ class ModelRunner:
         sampled_tokens: list[list[int]] = [[] for _ in scheduled]
         logprobs: list[list[TokenLogprobs] | None] = [None] * len(scheduled)
         with torch.inference_mode():
-            hidden = self.model(batch, self.cache)  # [T, D]
             if samplers:
-                emitted, emitted_logprobs, verify = self._sample(hidden, samplers, first_rows)
+                rows, sample_rows = self._rows_to_sample(samplers, first_rows)
+                hidden, logits = self.model.forward_with_logits(batch, self.cache, rows)
+                emitted, emitted_logprobs, verify = self._sample(logits, samplers, sample_rows)
                 position = 0
                 for i, item in enumerate(scheduled):
                     if item.samples:
@@ -146,6 +147,7 @@ class ModelRunner:
                         logprobs[i] = emitted_logprobs[position]
                         position += 1
             else:
+                hidden = self.model(batch, self.cache)  # [T, D]
                 verify = SpecStepStats()
             if not output.num_spec_tokens:
                 return RunnerOutput(sampled_tokens, logprobs, [[] for _ in scheduled], verify)
@@ -192,18 +194,24 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
         )
 
-    def _sample(
-        self, hidden: torch.Tensor, items: list[ScheduledSeq], first_rows: list[int]
-    ) -> tuple[list[list[int]], list[list[TokenLogprobs] | None], SpecStepStats]:
-        """Tokens and logprobs of each sampling item: a plain sample, or its drafts verified."""
+    def _rows_to_sample(
+        self, items: list[ScheduledSeq], first_rows: list[int]
+    ) -> tuple[torch.Tensor, list[SampleRow]]:
+        """The forward's rows whose logits the step reads [R] (each sampling item's last new
+        token, then its drafts) and how each row is sampled."""
         rows: list[int] = []
         sample_rows: list[SampleRow] = []
         for item, first in zip(items, first_rows, strict=True):
             base = self._sample_row(item.seq)
             rows.extend(range(first, first + 1 + item.num_lookahead))
             sample_rows.extend(_with_drafts(base, item.draft_token_ids))
-        index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        logits = self.model.logits_at(hidden, index)  # [R, vocab] fp32
+        return torch.tensor(rows, dtype=torch.long, device=self.device), sample_rows
+
+    def _sample(
+        self, logits: torch.Tensor, items: list[ScheduledSeq], sample_rows: list[SampleRow]
+    ) -> tuple[list[list[int]], list[list[TokenLogprobs] | None], SpecStepStats]:
+        """Tokens and logprobs of each sampling item from its rows' logits [R, vocab] fp32: a
+        plain sample, or its drafts verified."""
         plain = [i for i, item in enumerate(items) if not item.num_lookahead]
         starts = [0]
         for item in items:

@@ -124,10 +124,14 @@ class DeepseekV3ForCausalLM(nn.Module):
         """[N, D] -> [N, vocab] fp32."""
         return self.lm_head(hidden).float()
 
-    def logits_at(self, hidden: Tensor, rows: Tensor) -> Tensor:
-        """The logits [R, vocab] fp32 of rows ``rows`` [R] (long) of a forward's output
-        ``hidden`` [T, D] (the parallel model sends the workers the row numbers only)."""
-        return self.compute_logits(hidden.index_select(0, rows))
+    @torch.inference_mode()
+    def forward_with_logits(
+        self, batch: ForwardBatch, cache: PagedLatentCache, rows: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """A step: the forward's hidden states [T, D] and the logits [R, vocab] fp32 of its
+        rows ``rows`` [R] (long). The parallel model sends its workers this as one command."""
+        hidden = self.forward(batch, cache)
+        return hidden, self.compute_logits(hidden.index_select(0, rows))
 
     @torch.inference_mode()
     def mtp_forward(

@@ -1,12 +1,14 @@
 """The sharded network and the per-step protocol between rank 0 and the worker ranks.
 
-Rank 0's runner and drafter call the model as on one device. Each entry point (``forward``,
-``logits_at``, ``compute_logits``, ``mtp_forward``) first sends the worker ranks one command: a
-3-value header [kind, plan length, hidden rows], the plan (one int64 tensor: the step's token
-ids, positions, slots, new tokens and context per sequence, block tables; for ``logits_at`` the
-sampling rows' numbers in the last forward's output, which every rank holds) and, only where
-the workers cannot know them, the hidden rows [N, D] the call reads (a chained draft's input,
-or logits of rows that are not the last forward's).
+Rank 0's runner and drafter call the model as on one device. Each entry point first sends the
+worker ranks one command: a 3-value header [kind, plan length, rows] and the plan, one int64
+tensor. A step (``forward_with_logits``, STEP) sends its plan once: the step's token ids,
+positions, slots, new tokens and context per sequence, block tables, then the numbers of the
+rows whose logits are sampled (every rank holds the forward's output). Drafting over the same
+step (``mtp_forward`` on the step's batch and output, MTP_NEXT) sends only what sampling decided:
+the next token id of each row. Other calls (a bare ``forward``, ``compute_logits`` of other
+rows, a chained draft) send their own plan and, where the workers cannot know them, the hidden
+rows [N, D] they read.
 Then every rank runs the same forward over its shard; the collectives inside the layers keep
 them in step. Workers answer nothing: the logits come back to rank 0 in the output head's
 gather. A collective that fails or times out raises ``RankFailure``; rank 0 names the ranks
@@ -16,7 +18,9 @@ that stopped (``on_failure``) and the engine goes down.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -37,7 +41,7 @@ from backend.parallel.layout import Layout
 
 logger = logging.getLogger(__name__)
 
-FORWARD, LOGITS, MTP, SHUTDOWN, LOGITS_AT = 1, 2, 3, 4, 5
+FORWARD, LOGITS, MTP, SHUTDOWN, STEP, MTP_NEXT = 1, 2, 3, 4, 5, 6
 _LAST_HIDDEN = -1  # hidden rows header: the MTP input is the last forward's output
 
 
@@ -61,6 +65,8 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
         self.on_failure: Callable[[RankFailure], RankFailure] | None = None
         self.on_close: Callable[[], None] | None = None  # rank 0: stop the local workers
         self._last_hidden: Tensor | None = None
+        self._last_batch: ForwardBatch | None = None  # the batch of that forward
+        self.commands_sent: Counter[int] = Counter()  # rank 0: commands sent, by kind
         dim = config.hidden_size
         start, stop = layout.vocab_range(config.vocab_size)
         share = layout.vocab_share(config.vocab_size)
@@ -86,9 +92,23 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: PagedLatentCache) -> Tensor:
-        self._send(FORWARD, batch, None)
+        self._send(FORWARD, lambda: encode_plan(batch), None)
+        return self._forward(batch, cache)
+
+    @torch.inference_mode()
+    def forward_with_logits(
+        self, batch: ForwardBatch, cache: PagedLatentCache, rows: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """One command: the plan and the sampled rows' numbers (``rows`` [R])."""
+        self._send(
+            STEP, lambda: torch.cat((encode_plan(batch), rows.cpu())), None, extra=rows.numel()
+        )
+        hidden = self._forward(batch, cache)
+        return hidden, self._guard(lambda: self._gather_logits(hidden.index_select(0, rows)))
+
+    def _forward(self, batch: ForwardBatch, cache: PagedLatentCache) -> Tensor:
         hidden = self._guard(lambda: DeepseekV3ForCausalLM.forward(self, batch, cache))
-        self._last_hidden = hidden
+        self._last_hidden, self._last_batch = hidden, batch
         return hidden
 
     @torch.inference_mode()
@@ -97,15 +117,6 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
         an empty tensor."""
         self._send(LOGITS, None, hidden)
         return self._guard(lambda: self._gather_logits(hidden))
-
-    @torch.inference_mode()
-    def logits_at(self, hidden: Tensor, rows: Tensor) -> Tensor:
-        """Rows ``rows`` of the last forward's output: the workers get the row numbers only
-        (each holds that output); other hidden states go as ``compute_logits`` sends them."""
-        if hidden is not self._last_hidden:
-            return self.compute_logits(hidden.index_select(0, rows))
-        self._send_rows(rows)
-        return self._guard(lambda: self._gather_logits(hidden.index_select(0, rows)))
 
     def _gather_logits(self, hidden: Tensor) -> Tensor:
         local = self.lm_head(hidden).float()  # [N, share]
@@ -120,7 +131,10 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
     ) -> Tensor:
         if depth:
             raise ValueError("the parallel engine runs one MTP layer")
-        self._send(MTP, batch, previous_hidden)
+        if self._drafts_over_last_step(batch, previous_hidden):
+            self._send(MTP_NEXT, batch.input_ids.cpu, None)
+        else:
+            self._send(MTP, lambda: encode_plan(batch), previous_hidden)
         return self._guard(
             lambda: DeepseekV3ForCausalLM.mtp_forward(self, batch, cache, previous_hidden)
         )
@@ -145,25 +159,32 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
                 raise self.on_failure(exc) from exc
             raise
 
-    def _send_rows(self, rows: Tensor) -> None:
-        """Rank 0: a LOGITS_AT command, the row numbers as its plan."""
+    def _drafts_over_last_step(self, batch: ForwardBatch, hidden: Tensor) -> bool:
+        """The drafter's first MTP pass: the last step's batch with other token ids, over that
+        step's output (the workers hold both)."""
+        last = self._last_batch
+        return (
+            last is not None
+            and hidden is self._last_hidden
+            and batch.positions is last.positions
+            and batch.slot_mapping is last.slot_mapping
+            and batch.block_tables is last.block_tables
+        )
+
+    def _send(
+        self,
+        kind: int,
+        make_plan: Callable[[], Tensor] | None,
+        hidden: Tensor | None,
+        extra: int = 0,
+    ) -> None:
+        """Rank 0: the command header, the plan (int64, made here) and the hidden rows the
+        workers need (the header's third value: those rows' count, or ``extra`` where no rows
+        go). Other ranks send nothing."""
         if not self.group.is_root or self.layout.world == 1:
             return
-        plan = rows.to("cpu", torch.long)
-        header = torch.tensor([LOGITS_AT, plan.numel(), 0], dtype=torch.long)
-
-        def send() -> Tensor:
-            self.group.broadcast(header)
-            return self.group.broadcast(plan)
-
-        self._guard(send)
-
-    def _send(self, kind: int, batch: ForwardBatch | None, hidden: Tensor | None) -> None:
-        """Rank 0: the command header, the plan and the hidden rows the workers need."""
-        if not self.group.is_root or self.layout.world == 1:
-            return
-        plan = encode_plan(batch) if batch is not None else None
-        rows = 0
+        plan = make_plan() if make_plan is not None else None
+        rows = extra
         if hidden is not None:
             rows = _LAST_HIDDEN if hidden is self._last_hidden else int(hidden.shape[0])
         header = torch.tensor([kind, 0 if plan is None else plan.numel(), rows], dtype=torch.long)
@@ -177,6 +198,7 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
             return header
 
         self._guard(send)
+        self.commands_sent[kind] += 1
 
     # Worker ranks.
 
@@ -194,17 +216,28 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
             plan = None
             if plan_len:
                 plan = group.broadcast(torch.empty(plan_len, dtype=torch.long))
+            if kind == STEP and plan is not None and 0 <= rows < plan_len:
+                out = self._forward(decode_plan(plan[: plan_len - rows], device), cache)
+                self._gather_logits(out.index_select(0, plan[plan_len - rows :].to(device)))
+                continue
+            last, last_hidden = self._last_batch, self._last_hidden
+            if (
+                kind == MTP_NEXT
+                and plan is not None
+                and last is not None
+                and last_hidden is not None
+            ):
+                self.mtp_forward(replace(last, input_ids=plan.to(device)), cache, last_hidden)
+                continue
             hidden = None
             if rows > 0:
                 hidden = group.broadcast(torch.empty(rows, dim, dtype=dtype, device=device))
             elif rows == _LAST_HIDDEN:
                 hidden = self._last_hidden
             if kind == FORWARD and plan is not None:
-                self.forward(decode_plan(plan, device), cache)
+                self._forward(decode_plan(plan, device), cache)
             elif kind == LOGITS and hidden is not None:
                 self.compute_logits(hidden)
-            elif kind == LOGITS_AT and plan is not None and self._last_hidden is not None:
-                self.logits_at(self._last_hidden, plan.to(device))
             elif kind == MTP and plan is not None and hidden is not None:
                 self.mtp_forward(decode_plan(plan, device), cache, hidden)
             else:

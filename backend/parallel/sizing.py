@@ -142,11 +142,13 @@ def decode_step_bytes(
     plan = logits = 0
     if rank == 0:
         table = num_seqs * -(-(context_len + drafts) // block_size)
-        calls = 3 if drafts else 2  # forward, logits (and the MTP forward)
+        commands = 2 if drafts else 1  # the step (and the draft over it)
         plan_entries = 2 + 3 * tokens + 3 * num_seqs + table
-        # headers, the forward's (and the MTP's) plan, and the sampling rows' numbers (all T
-        # rows of a decode step; the workers hold their hidden states)
-        per_worker = calls * 3 * 8 + (2 if drafts else 1) * plan_entries * 8 + tokens * 8
+        # headers; the step's plan and its sampled rows' numbers (all T rows of a decode step:
+        # the workers hold their hidden states); with drafts, each row's next token id
+        per_worker = (
+            commands * 3 * 8 + plan_entries * 8 + tokens * 8 + (tokens * 8 if drafts else 0)
+        )
         plan = (world - 1) * per_worker
     else:
         logits = tokens * -(-config.vocab_size // world) * 4

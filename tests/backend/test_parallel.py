@@ -21,7 +21,7 @@ from backend.model.fp8_linear import FP8Linear
 from backend.model.model import DeepseekV3ForCausalLM
 from backend.parallel.cluster import start_parallel_model
 from backend.parallel.layout import Layout
-from backend.parallel.model import ShardedCausalLM, decode_plan, encode_plan
+from backend.parallel.model import MTP, MTP_NEXT, ShardedCausalLM, decode_plan, encode_plan
 from backend.parallel.sizing import decode_step_bytes, rank_weight_bytes
 from tests.support.engine import GREEDY, engine_config, make_engine, random_prompts
 from tests.support.parallel import (
@@ -212,14 +212,31 @@ def test_bytes_sent_per_decode_step_match_the_analytic_count(tp2: ShardedCausalL
     tp2(ForwardBatch.build(prompts, [0, 0], tables, 16), cache)
     before = tp2.group.bytes_sent
     decode = ForwardBatch.build([[13], [14]], [5, 5], tables, 16)
-    hidden = tp2(decode, cache)
-    tp2.logits_at(hidden, decode.last_token_indices())  # as the runner does
+    tp2.forward_with_logits(decode, cache, decode.last_token_indices())  # as the runner does
     sent = tp2.group.bytes_sent - before
     expected = decode_step_bytes(
         config, 2, expert_parallel=False, num_seqs=2, dtype=torch.float32, context_len=6,
         block_size=3,  # two blocks per table, as given
     )  # fmt: skip
     assert sent == expected.total == expected.all_reduce + expected.plan
+
+
+def test_each_step_sends_its_plan_once(tiny_dir: Path, tp2: ShardedCausalLM) -> None:
+    """One command per engine step; with drafting one more, holding the sampled next tokens
+    only (the workers keep the step's plan and output)."""
+    prompts = random_prompts(3, 5, 20, seed=41)
+    one_draft = {**SPECULATIVE, "spec_num_tokens": 1}
+    for overrides, per_step in ((PLAIN, 1), (CHUNKED, 1), (one_draft, 2)):
+        engine = make_engine(tp2, tiny_dir, parallel_config(2, **overrides))
+        for rid, prompt in prompts.items():
+            engine.add_request(rid, prompt, GREEDY)
+        steps, before = 0, tp2.commands_sent.copy()
+        while engine.has_unfinished:
+            engine.step()
+            steps += 1
+        sent = tp2.commands_sent - before
+        assert sent.total() == per_step * steps, overrides
+        assert sent[MTP_NEXT] == (steps if per_step == 2 else 0) and not sent[MTP], overrides
 
 
 def test_two_ranks_sample_the_one_device_distribution(

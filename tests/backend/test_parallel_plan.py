@@ -61,9 +61,12 @@ def test_decode_step_bytes_by_hand(v31: Path) -> None:
     assert step.all_to_all == round(58 * (7 * 8 + pairs * (2 * row + 8)))
     assert step.logits == -(-129280 // 8) * 4 and step.plan == 0
     root = decode_step_bytes(config, 8, expert_parallel=True, num_seqs=1, rank=0)
-    # to each of 7 workers: two 3-value headers (forward, logits), the forward's plan (T, S,
-    # ids, positions, slots, new tokens, context, table length, one block) and one row number
-    assert root.plan == 7 * (2 * 3 * 8 + (2 + 3 + 3 + 1) * 8 + 8) and root.logits == 0
+    # to each of 7 workers: one 3-value header, the step's plan (T, S, ids, positions, slots,
+    # new tokens, context, table length, one block) and one row number
+    assert root.plan == 7 * (3 * 8 + (2 + 3 + 3 + 1) * 8 + 8) and root.logits == 0
+    drafting = decode_step_bytes(config, 8, expert_parallel=True, num_seqs=1, drafts=1, rank=0)
+    # two tokens a sequence (its last and a draft); a second header and each row's next token
+    assert drafting.plan == 7 * (2 * 3 * 8 + (2 + 6 + 3 + 1) * 8 + 2 * 8 + 2 * 8)
 
 
 def test_weights_per_rank_sum_to_the_model() -> None:
