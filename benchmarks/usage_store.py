@@ -107,7 +107,7 @@ async def ingest(store: UsageStore, n: int) -> float:
                     row = synthetic(10**9 + i, rng, ts_ms)
                     pipe.xadd(stream, stream_fields(row))  # type: ignore[arg-type]
                 await pipe.execute()
-        settings = UsageSettings(enabled=True, batch_size=2000, block_ms=10)
+        settings = UsageSettings(enabled=True, block_ms=10)  # the default batch size
         consumer = UsageConsumer(
             redis, store, stream=stream, settings=settings, local_providers=frozenset({"local"})
         )

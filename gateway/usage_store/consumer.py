@@ -7,6 +7,10 @@ acknowledged: nothing unstored is ever trimmed. A consumer that failed mid-batch
 the database down) re-reads its own pending entries first when it recovers; entries a dead
 consumer read and never acknowledged are claimed (XAUTOCLAIM) after `claim_idle_s`. A crash
 between the commit and the ack stores nothing twice.
+
+While a full batch is being stored (the database works in its own thread or server), the next
+new entries are read and made into rows (a backlog drains at the pace of the slower of the
+two, not of both added up); they are stored by the next step, or before `run` returns.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class UsageConsumer:
         self._settings = settings
         self._local = local_providers
         self._own_pending = True  # read our own unacknowledged entries before new ones
+        self._ahead: tuple[list[Entry], list[dict[str, Any]]] | None = None  # read, not stored
         self._stopping = asyncio.Event()
         self.stored = 0  # records this consumer stored (new to the store)
 
@@ -86,19 +91,27 @@ class UsageConsumer:
         read new ones (waiting up to `block_ms`); store, ack, trim. Returns the entries
         handled."""
         batch = self._settings.batch_size
-        entries = await self._claim(batch)
-        if not entries and self._own_pending:
-            entries = await self._read("0", batch, None)
-            self._own_pending = bool(entries)
-        if not entries and not self._own_pending:
-            wait = self._settings.block_ms if block_ms is None else block_ms
-            entries = await self._read(">", batch, wait)
-        if not entries:
-            return 0
+        if self._ahead is not None:
+            (entries, rows), self._ahead = self._ahead, None
+        else:
+            entries = await self._claim(batch)
+            if not entries and self._own_pending:
+                entries = await self._read("0", batch, None)
+                self._own_pending = bool(entries)
+            if not entries and not self._own_pending:
+                wait = self._settings.block_ms if block_ms is None else block_ms
+                entries = await self._read(">", batch, wait)
+            if not entries:
+                return 0
+            rows = self._rows(entries)
         self._own_pending = True  # until acked: a failure below leaves them ours to retry
-        await self._store_and_ack(entries)
+        read_ahead = len(entries) >= batch and not self._stopping.is_set()
+        await self._store_and_ack(entries, rows, read_ahead)
         self._own_pending = len(entries) >= batch
         return len(entries)
+
+    def _rows(self, entries: Sequence[Entry]) -> list[dict[str, Any]]:
+        return [row_of(text(entry_id), _text(fields), self._local) for entry_id, fields in entries]
 
     async def _read(self, after: str, count: int, block_ms: int | None) -> list[Entry]:
         reply: Any = await self._redis.xreadgroup(
@@ -128,11 +141,25 @@ class UsageConsumer:
             log.warning("usage_records_claimed", count=len(entries), consumer=self.name)
         return [(entry_id, fields) for entry_id, fields in entries if fields]
 
-    async def _store_and_ack(self, entries: Sequence[Entry]) -> None:
-        rows = [row_of(text(entry_id), _text(fields), self._local) for entry_id, fields in entries]
-        self.stored += await self._store.insert(rows)
+    async def _store_and_ack(
+        self, entries: Sequence[Entry], rows: list[dict[str, Any]], read_ahead: bool
+    ) -> None:
+        """Store, ack, trim; with `read_ahead`, the next new entries are read and made into
+        rows while the store works (kept for the next step only if this one succeeds)."""
+        storing = asyncio.ensure_future(self._store.insert(rows))
+        ahead: tuple[list[Entry], list[dict[str, Any]]] | None = None
+        try:
+            if read_ahead and (
+                entries_ahead := await self._read(">", self._settings.batch_size, None)
+            ):
+                ahead = (entries_ahead, self._rows(entries_ahead))
+        finally:
+            if read_ahead and not storing.done():
+                await asyncio.wait([storing])  # never left running (its failure comes below)
+        self.stored += await storing
         await self._redis.xack(self.stream, self.group, *(entry_id for entry_id, _ in entries))
         await self.trim()
+        self._ahead = ahead
 
     async def trim(self) -> None:
         """Trim the stream below its oldest entry the group has not acknowledged."""
@@ -172,7 +199,8 @@ class UsageConsumer:
                 await self.step()
                 delay = self._settings.retry_s
             except _FAILURES as exc:
-                self._own_pending = True
+                self._own_pending = True  # what was read ahead is among our pending entries
+                self._ahead = None
                 if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
                     ready = False  # the stream or group was deleted: create it again
                 log.warning(
@@ -181,6 +209,12 @@ class UsageConsumer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), delay)
                 delay = min(delay * 2, _MAX_RETRY_S)
+        if self._ahead is not None:  # read ahead before the stop: stored now, not claimed later
+            try:
+                await self.step()
+            except _FAILURES as exc:
+                self._ahead = None  # still pending: re-read or claimed by the next consumer
+                log.warning("usage_consumer_stop", error=f"{type(exc).__name__}: {exc}"[:300])
 
     def stop(self) -> None:
         """Finish the batch under way, then return from `run`."""

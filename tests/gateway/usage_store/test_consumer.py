@@ -93,6 +93,32 @@ async def test_stores_acks_and_trims_only_what_is_stored(
         await redis.delete(stream)
 
 
+async def test_a_full_batch_reads_the_next_while_stored_and_stop_stores_it(
+    store_url: str, redis: Redis, stream: str
+) -> None:
+    """While a full batch is stored the next is read (pending, not trimmed); a consumer
+    stopped then stores that batch before `run` returns instead of leaving it to be claimed."""
+    store = await UsageStore.open(store_url)
+    try:
+        added = await add(redis, stream, 300)
+        c = consumer(redis, store, stream)
+        await c.ensure_group()
+        assert await c.step() == 100
+        assert (await redis.xpending(stream, SETTINGS.group))["pending"] == 100
+        assert await redis.xlen(stream) == 200
+        c.stop()
+        await asyncio.wait_for(c.run(), 30)
+        assert (await redis.xpending(stream, SETTINGS.group))["pending"] == 0
+        assert await redis.xlen(stream) == 100 and c.stored == 200
+        rest = consumer(redis, store, stream)
+        while await rest.step(block_ms=10):
+            pass
+        await reconcile(store, added)
+    finally:
+        await store.aclose()
+        await redis.delete(stream)
+
+
 async def test_an_entry_that_is_not_utf8_is_stored_not_stuck(
     store_url: str, redis: Redis, stream: str
 ) -> None:
