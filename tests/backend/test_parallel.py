@@ -25,10 +25,13 @@ from backend.parallel.model import MTP, MTP_NEXT, ShardedCausalLM, decode_plan, 
 from backend.parallel.sizing import decode_step_bytes, rank_weight_bytes
 from tests.support.engine import GREEDY, engine_config, make_engine, random_prompts
 from tests.support.parallel import (
+    assert_greedy_as_one_device,
+    assert_logits_close,
+    assert_prefix_hits_as_one_device,
     greedy_tokens,
     logits_by_step,
-    one_by_one,
     parallel_config,
+    prefix_prompts,
     worker_pids,
 )
 from tests.support.statistics import chi2_quantile
@@ -50,12 +53,6 @@ def tp2(tiny_dir: Path) -> Iterator[ShardedCausalLM]:
     model.close()
 
 
-def _prefix_prompts(seed: int) -> dict[str, list[int]]:
-    base = random_prompts(1, 40, 40, seed)["req-0"]
-    tails = random_prompts(3, 3, 9, seed + 1)
-    return {rid: base + tail for rid, tail in tails.items()}
-
-
 def test_plan_round_trips() -> None:
     batch = ForwardBatch.build([[5, 6, 7], [8]], [0, 20], [[3, 4], [1, 9]], 16)
     back = decode_plan(encode_plan(batch))
@@ -71,14 +68,10 @@ def test_two_ranks_greedy_equals_one_device(
 ) -> None:
     prompts = random_prompts(6, 10, 70, seed=11)
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    single = greedy_tokens(
-        make_engine(tiny_model, tiny_dir, engine_config(**PLAIN)), prompts, params
+    runs = (PLAIN, CHUNKED, SPECULATIVE)
+    assert_greedy_as_one_device(
+        tiny_model, tp2, tiny_dir, prompts, PLAIN, runs, world=2, params=params
     )
-    for overrides in (PLAIN, CHUNKED, SPECULATIVE):
-        engine = make_engine(tp2, tiny_dir, parallel_config(2, **overrides))
-        assert greedy_tokens(engine, prompts, params) == single, overrides
-        if overrides is SPECULATIVE:
-            assert engine.stats().spec_proposed_tokens_total > 0
 
 
 def test_ranks_run_over_gloo_on_cpu_each_told_its_local_rank(tp2: ShardedCausalLM) -> None:
@@ -91,35 +84,21 @@ def test_ranks_run_over_gloo_on_cpu_each_told_its_local_rank(tp2: ShardedCausalL
 def test_two_ranks_prefix_cache_hits_give_the_same_tokens(
     tiny_dir: Path, tiny_model: DeepseekV3ForCausalLM, tp2: ShardedCausalLM
 ) -> None:
-    prompts = _prefix_prompts(seed=21)
-    single, _ = one_by_one(
-        make_engine(tiny_model, tiny_dir, engine_config(**PLAIN)), prompts, GREEDY
-    )
-    tokens, cached = one_by_one(
-        make_engine(tp2, tiny_dir, parallel_config(2, **CHUNKED)), prompts, GREEDY
-    )
-    assert tokens == single
-    assert cached["req-0"] == 0 and cached["req-1"] >= 32 and cached["req-2"] >= 32
+    prompts = prefix_prompts(seed=21)
+    assert_prefix_hits_as_one_device(tiny_model, tp2, tiny_dir, prompts, PLAIN, CHUNKED)
 
 
 def test_two_ranks_logits_within_tolerance(
     tiny_model: DeepseekV3ForCausalLM, tp2: ShardedCausalLM
 ) -> None:
     prompt = random_prompts(1, 37, 37, seed=5)["req-0"]
-    ours = logits_by_step(tp2, prompt, 17)
-    theirs = logits_by_step(tiny_model, prompt, 17)
-    for got, want in zip(ours, theirs, strict=True):
-        assert got.shape == want.shape
-        torch.testing.assert_close(got, want, atol=LOGITS_ATOL, rtol=0)
+    assert_logits_close(tp2, tiny_model, prompt, 17, LOGITS_ATOL)
 
 
 def test_four_ranks_expert_parallel_greedy_equals_one_device(
     tiny_dir: Path, tiny_model: DeepseekV3ForCausalLM
 ) -> None:
     prompts = random_prompts(5, 8, 50, seed=31)
-    single = greedy_tokens(
-        make_engine(tiny_model, tiny_dir, engine_config(**PLAIN)), prompts, GREEDY
-    )
     model, cluster = start_parallel_model(tiny_dir, parallel_config(4, expert_parallel=True))
     try:
         assert [r.rank for r in cluster.reports] == [0, 1, 2, 3]
@@ -128,18 +107,15 @@ def test_four_ranks_expert_parallel_greedy_equals_one_device(
             layout = Layout(report.rank, 4, expert_parallel=True)
             counted = rank_weight_bytes(tiny_model.config, layout, dtype=torch.float32)
             assert report.weight_bytes == counted
-        for overrides in (CHUNKED, SPECULATIVE):
-            engine = make_engine(
-                model, tiny_dir, parallel_config(4, expert_parallel=True, **overrides)
-            )
-            assert greedy_tokens(engine, prompts, GREEDY) == single, overrides
+        runs = (CHUNKED, SPECULATIVE)
+        assert_greedy_as_one_device(
+            tiny_model, model, tiny_dir, prompts, PLAIN, runs, world=4, expert_parallel=True
+        )
         moe = model.model.layers[1].mlp
         assert len(moe.experts) == 2  # 8 routed experts over 4 ranks
         assert moe.stacked is not None and moe.stacked.w13.shape[0] == 2  # the fused path's
         prompt = random_prompts(1, 29, 29, seed=37)["req-0"]
-        ours, theirs = logits_by_step(model, prompt, 9), logits_by_step(tiny_model, prompt, 9)
-        for got, want in zip(ours, theirs, strict=True):
-            torch.testing.assert_close(got, want, atol=LOGITS_ATOL, rtol=0)
+        assert_logits_close(model, tiny_model, prompt, 9, LOGITS_ATOL)
     finally:
         model.close()
 

@@ -17,8 +17,14 @@ from backend.model.checkpoint import load_model
 from backend.model.model import DeepseekV3ForCausalLM
 from backend.parallel.cluster import start_parallel_model
 from backend.parallel.model import ShardedCausalLM
-from tests.support.engine import GREEDY, engine_config, make_engine, random_prompts
-from tests.support.parallel import greedy_tokens, logits_by_step, one_by_one, parallel_config
+from tests.support.engine import random_prompts
+from tests.support.parallel import (
+    assert_greedy_as_one_device,
+    assert_logits_close,
+    assert_prefix_hits_as_one_device,
+    parallel_config,
+    prefix_prompts,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -56,59 +62,35 @@ def test_two_ranks_greedy_equals_one_device(
     tiny_dir: Path, cuda_model: DeepseekV3ForCausalLM, cuda_tp2: ShardedCausalLM
 ) -> None:
     prompts = random_prompts(6, 10, 70, seed=11)
-    single = greedy_tokens(
-        make_engine(cuda_model, tiny_dir, engine_config(**PLAIN)), prompts, GREEDY
-    )
-    for overrides in (PLAIN, CHUNKED, SPECULATIVE):
-        engine = make_engine(cuda_tp2, tiny_dir, parallel_config(2, **overrides))
-        assert greedy_tokens(engine, prompts, GREEDY) == single, overrides
-        if overrides is SPECULATIVE:
-            assert engine.stats().spec_proposed_tokens_total > 0
+    runs = (PLAIN, CHUNKED, SPECULATIVE)
+    assert_greedy_as_one_device(cuda_model, cuda_tp2, tiny_dir, prompts, PLAIN, runs, world=2)
 
 
 def test_two_ranks_prefix_cache_hits_give_the_same_tokens(
     tiny_dir: Path, cuda_model: DeepseekV3ForCausalLM, cuda_tp2: ShardedCausalLM
 ) -> None:
-    base = random_prompts(1, 40, 40, seed=21)["req-0"]
-    prompts = {rid: base + tail for rid, tail in random_prompts(3, 3, 9, seed=22).items()}
-    single, _ = one_by_one(
-        make_engine(cuda_model, tiny_dir, engine_config(**PLAIN)), prompts, GREEDY
-    )
-    tokens, cached = one_by_one(
-        make_engine(cuda_tp2, tiny_dir, parallel_config(2, **CHUNKED)), prompts, GREEDY
-    )
-    assert tokens == single
-    assert cached["req-0"] == 0 and cached["req-1"] >= 32 and cached["req-2"] >= 32
+    prompts = prefix_prompts(seed=21)
+    assert_prefix_hits_as_one_device(cuda_model, cuda_tp2, tiny_dir, prompts, PLAIN, CHUNKED)
 
 
 def test_two_ranks_logits_within_tolerance(
     cuda_model: DeepseekV3ForCausalLM, cuda_tp2: ShardedCausalLM
 ) -> None:
     prompt = random_prompts(1, 37, 37, seed=5)["req-0"]
-    ours = logits_by_step(cuda_tp2, prompt, 17)
-    theirs = logits_by_step(cuda_model, prompt, 17)
-    for got, want in zip(ours, theirs, strict=True):
-        assert got.device.type == "cuda" and got.shape == want.shape
-        torch.testing.assert_close(got, want, atol=CUDA_LOGITS_ATOL, rtol=0)
+    assert_logits_close(cuda_tp2, cuda_model, prompt, 17, CUDA_LOGITS_ATOL)
 
 
 def test_four_ranks_expert_parallel_greedy_equals_one_device(
     tiny_dir: Path, cuda_model: DeepseekV3ForCausalLM
 ) -> None:
     prompts = random_prompts(5, 8, 50, seed=31)
-    single = greedy_tokens(
-        make_engine(cuda_model, tiny_dir, engine_config(**PLAIN)), prompts, GREEDY
-    )
     model, _ = start_parallel_model(tiny_dir, parallel_config(4, expert_parallel=True, **CUDA))
     try:
-        for overrides in (CHUNKED, SPECULATIVE):
-            engine = make_engine(
-                model, tiny_dir, parallel_config(4, expert_parallel=True, **overrides)
-            )
-            assert greedy_tokens(engine, prompts, GREEDY) == single, overrides
+        runs = (CHUNKED, SPECULATIVE)
+        assert_greedy_as_one_device(
+            cuda_model, model, tiny_dir, prompts, PLAIN, runs, world=4, expert_parallel=True
+        )
         prompt = random_prompts(1, 29, 29, seed=37)["req-0"]
-        ours, theirs = logits_by_step(model, prompt, 9), logits_by_step(cuda_model, prompt, 9)
-        for got, want in zip(ours, theirs, strict=True):
-            torch.testing.assert_close(got, want, atol=CUDA_LOGITS_ATOL, rtol=0)
+        assert_logits_close(model, cuda_model, prompt, 9, CUDA_LOGITS_ATOL)
     finally:
         model.close()

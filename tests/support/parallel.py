@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,14 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.model import DeepseekV3ForCausalLM
-from tests.support.engine import engine_config, run_all, tokens_of
+from tests.support.engine import (
+    GREEDY,
+    engine_config,
+    make_engine,
+    random_prompts,
+    run_all,
+    tokens_of,
+)
 
 
 def parallel_config(world: int, **overrides: Any) -> EngineConfig:
@@ -86,3 +94,71 @@ def logits_by_step(
     decode = ForwardBatch.for_prefill([next_token], len(prompt), table, 16, device)
     out.append(model.compute_logits(model(decode, cache)))
     return out
+
+
+def prefix_prompts(seed: int) -> dict[str, list[int]]:
+    """Three prompts sharing a 40-token head, each with a tail of 3 to 9 tokens."""
+    base = random_prompts(1, 40, 40, seed)["req-0"]
+    tails = random_prompts(3, 3, 9, seed + 1)
+    return {rid: base + tail for rid, tail in tails.items()}
+
+
+def assert_greedy_as_one_device(
+    single: DeepseekV3ForCausalLM,
+    model: DeepseekV3ForCausalLM,
+    model_dir: Path,
+    prompts: dict[str, list[int]],
+    one_device: dict[str, Any],
+    runs: Sequence[dict[str, Any]],
+    *,
+    world: int,
+    params: SamplingParams = GREEDY,
+    **parallel: Any,
+) -> None:
+    """Under each run's engine settings, the parallel ``model`` (``world`` ranks, ``parallel``
+    settings) gives the greedy tokens the single-device model gives under ``one_device``'s; a
+    speculative run proposes drafts."""
+    reference = make_engine(single, model_dir, engine_config(**one_device))
+    expected = greedy_tokens(reference, prompts, params)
+    for overrides in runs:
+        engine = make_engine(model, model_dir, parallel_config(world, **parallel, **overrides))
+        assert greedy_tokens(engine, prompts, params) == expected, overrides
+        if overrides.get("spec_enabled"):
+            assert engine.stats().spec_proposed_tokens_total > 0
+
+
+def assert_prefix_hits_as_one_device(
+    single: DeepseekV3ForCausalLM,
+    model: DeepseekV3ForCausalLM,
+    model_dir: Path,
+    prompts: dict[str, list[int]],
+    one_device: dict[str, Any],
+    ranks: dict[str, Any],
+) -> None:
+    """``prompts`` (a shared 40-token head, then short tails) one after another: the same
+    tokens as one device, the later ones served from the prefix cache."""
+    expected, _ = one_by_one(
+        make_engine(single, model_dir, engine_config(**one_device)), prompts, GREEDY
+    )
+    tokens, cached = one_by_one(
+        make_engine(model, model_dir, parallel_config(2, **ranks)), prompts, GREEDY
+    )
+    assert tokens == expected
+    assert cached["req-0"] == 0 and cached["req-1"] >= 32 and cached["req-2"] >= 32
+
+
+def assert_logits_close(
+    model: DeepseekV3ForCausalLM,
+    single: DeepseekV3ForCausalLM,
+    prompt: list[int],
+    next_token: int,
+    atol: float,
+) -> None:
+    """``logits_by_step`` of both models agree within ``atol``."""
+    ours, theirs = (
+        logits_by_step(model, prompt, next_token),
+        logits_by_step(single, prompt, next_token),
+    )
+    for got, want in zip(ours, theirs, strict=True):
+        assert got.device == want.device and got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=atol, rtol=0)
