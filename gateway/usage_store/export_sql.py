@@ -15,26 +15,33 @@ CSV_COLUMNS = ("created_at", *RECORD_COLUMNS)  # the export's: the settlement mo
 
 
 def csv_line(dialect: str) -> str:
-    """The SQL expression of one record's CSV line."""
-    sqlite = dialect == "sqlite"
-    if sqlite:
-        moment = (
-            "strftime('%Y-%m-%dT%H:%M:%S', ts_ms / 1000, 'unixepoch') || '.' || "
-            "printf('%03d', ts_ms % 1000) || '+00:00'"
-        )
-    else:
-        moment = (
-            "to_char(to_timestamp(ts_ms / 1000) AT TIME ZONE 'UTC', "
-            "'YYYY-MM-DD\"T\"HH24:MI:SS') || '.' || lpad((ts_ms % 1000)::text, 3, '0') || "
-            "'+00:00'"
-        )
+    """The SQL expression of one record's CSV line. SQLite writes it with one `printf` (`%w`
+    doubles the double quotes inside a quoted field), about twice as fast as concatenating
+    the fields."""
+    if dialect == "sqlite":
+        formats = ["%s"]
+        values = ["strftime('%Y-%m-%dT%H:%M:%f', ts_ms / 1000.0, 'unixepoch') || '+00:00'"]
+        for column in records.columns:
+            quoted = isinstance(column.type, String)
+            if quoted and column.nullable:  # NULL: an empty field, not an empty quoted one
+                formats.append("%s")
+                values.append(f"""coalesce('"' || replace({column.name}, '"', '""') || '"', '')""")
+            else:
+                formats.append('"%w"' if quoted else "%s")  # %s: NULL as an empty field
+                values.append(column.name)
+        return f"printf('{','.join(formats)}', {', '.join(values)})"
+    moment = (
+        "to_char(to_timestamp(ts_ms / 1000) AT TIME ZONE 'UTC', "
+        "'YYYY-MM-DD\"T\"HH24:MI:SS') || '.' || lpad((ts_ms % 1000)::text, 3, '0') || "
+        "'+00:00'"
+    )
     fields = [moment]
     for column in records.columns:
         name = column.name
         if isinstance(column.type, String):
             value = f"'\"' || replace({name}, '\"', '\"\"') || '\"'"
         else:
-            value = name if sqlite else f"{name}::text"
+            value = f"{name}::text"
         fields.append(value if not column.nullable else f"coalesce({value}, '')")
     return " || ',' || ".join(fields)
 
