@@ -153,9 +153,11 @@ class UsageConsumer:
                 entries_ahead := await self._read(">", self._settings.batch_size, None)
             ):
                 ahead = (entries_ahead, self._rows(entries_ahead))
-        finally:
-            if read_ahead and not storing.done():
-                await asyncio.wait([storing])  # never left running (its failure comes below)
+        except BaseException:
+            await asyncio.wait([storing])  # never left running; the read's failure is raised
+            if not storing.cancelled():
+                storing.exception()  # (retrieved: the batch stays pending either way)
+            raise
         self.stored += await storing
         await self._redis.xack(self.stream, self.group, *(entry_id for entry_id, _ in entries))
         await self.trim()
