@@ -20,10 +20,11 @@ histograms (one row per active key a period): what a summary by key without perc
 `usage_hour_total` and `usage_day_total`: every request of a period together, with the
 histograms (one row a period): what a summary by nothing but the period reads (a console's
 time series).
-`usage_month_key` and `usage_month_all_keys`: per UTC calendar month, the counters and sums
-by key alone and by every dimension but the key: totals over a range without percentiles read
-its whole months here, its other whole days from the daily rollups and its part days from the
-hourly ones (a year by key: about 12 rows a key, not 365).
+`usage_month_key`, `usage_month_key_model` and `usage_month_all_keys`: per UTC calendar month,
+the counters and sums by key alone, by key and model, and by every dimension but the key: totals
+over a range without percentiles read its whole months here, its other whole days from the
+daily rollups and its part days from the hourly ones (a year by key: about 12 rows a key, not
+365).
 `usage_schema`: the versions applied.
 """
 
@@ -176,6 +177,7 @@ daily_key = _rollup("usage_day_key", KEY_ONLY, TOTALS, clustered=True)
 hourly_total = _rollup("usage_hour_total", ())
 daily_total = _rollup("usage_day_total", ())
 monthly_key = _rollup("usage_month_key", KEY_ONLY, TOTALS, clustered=True)
+monthly_key_model = _rollup("usage_month_key_model", KEY_MODEL, TOTALS, key_first=True)
 monthly_all_keys = _rollup("usage_month_all_keys", ALL_KEYS, TOTALS)
 ROLLUPS = {
     hourly: Rollup(HOUR_S, DIMENSIONS, ADDED),
@@ -190,6 +192,7 @@ ROLLUPS = {
     hourly_total: Rollup(HOUR_S, (), ADDED),
     daily_total: Rollup(DAY_S, (), ADDED),
     monthly_key: Rollup(MONTH, KEY_ONLY, TOTALS),
+    monthly_key_model: Rollup(MONTH, KEY_MODEL, TOTALS),
     monthly_all_keys: Rollup(MONTH, ALL_KEYS, TOTALS),
 }
 # How an insert makes each rollup's increments: these from the records, in one pass; every
@@ -205,6 +208,7 @@ FOLDED_FROM = {
     daily_total: hourly_total,
     daily_key: hourly_key,
     monthly_key: daily_key,
+    monthly_key_model: daily_key_model,
 }
 
 
@@ -253,11 +257,21 @@ def _v4(conn: Connection) -> None:
 
 
 def _v5(conn: Connection) -> None:
-    """The monthly totals by key and of every key together, filled from the daily rollups
-    (folded here: month arithmetic the same on every database)."""
+    """The monthly totals by key and of every key together, filled from the daily rollups."""
+    _fill_months(conn, ((monthly_key, daily_key), (monthly_all_keys, daily_all_keys)))
+
+
+def _v6(conn: Connection) -> None:
+    """The monthly totals by key and model, filled from the daily ones."""
+    _fill_months(conn, ((monthly_key_model, daily_key_model),))
+
+
+def _fill_months(conn: Connection, pairs: tuple[tuple[Table, Table], ...]) -> None:
+    """Create each monthly table and fill it from its daily one (folded here: month arithmetic
+    the same on every database)."""
     from gateway.usage_store.rows import coarser  # rows builds on this module
 
-    for table, source in ((monthly_key, daily_key), (monthly_all_keys, daily_all_keys)):
+    for table, source in pairs:
         table.create(conn, checkfirst=True)
         shape = ROLLUPS[table]
         read = select(source.c.bucket, *source.c[shape.dims], *source.c[shape.added])
@@ -275,6 +289,7 @@ MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = (
     (3, _v3),
     (4, _v4),
     (5, _v5),
+    (6, _v6),
 )
 
 

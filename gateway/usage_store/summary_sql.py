@@ -1,9 +1,9 @@
 """A summary's one statement: on the narrowest rollup that answers it (`rollup_for`); for
 totals over a range, on the fewest rows that add up to them (`_pieces`): the monthly rollup
-(by key, or every key together) for its whole months, the daily one for its other whole days,
-the hourly one for the hours at its ends, and a part period of more than half its period as
-the period less the rest of it, added up in the statement (a week up to now reads 6 days and
-the hours of one part day; a year by key about 12 months, not 365 days)."""
+(by key, by key and model, or every key together) for its whole months, the daily one for its
+other whole days, the hourly one for the hours at its ends, and a part period of more than half
+its period as the period less the rest of it, added up in the statement (a week up to now reads
+6 days and the hours of one part day; a year by key about 12 months, not 365 days)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from gateway.usage_store.schema import (
     hourly_total,
     monthly_all_keys,
     monthly_key,
+    monthly_key_model,
 )
 
 # The rollups, fewest rows a period first (what the data makes of them, not their width: a
@@ -159,7 +160,11 @@ def _whole(days: Table, first: int | None, last: int | None, latency: bool) -> l
 
 # The daily rollups that have monthly ones (the same dimensions, by UTC month; the counters and
 # sums, without the histograms).
-_MONTHLY = {daily_key: monthly_key, daily_all_keys: monthly_all_keys}
+_MONTHLY = {
+    daily_key: monthly_key,
+    daily_key_model: monthly_key_model,
+    daily_all_keys: monthly_all_keys,
+}
 
 
 def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:

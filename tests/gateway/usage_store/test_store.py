@@ -327,7 +327,13 @@ async def test_totals_by_key_read_whole_months_from_the_monthly_rollup(store_url
             (day + timedelta(days=33, minutes=10), None),
             (None, None),
         ):
-            for group, key in (("key", None), ("key", "key1"), ("model", None), ("status", None)):
+            for group, key in (
+                ("key", None),
+                ("key", "key1"),
+                ("model", "key1"),  # by key and model
+                ("model", None),
+                ("status", None),
+            ):
                 window = {"start": start, "end": end, "key": key, "latency": False}
                 got = await store.summary(SummaryQuery(group_by=group, **window))
                 hours = await store.summary(SummaryQuery(group_by=group, interval="hour", **window))
@@ -360,6 +366,9 @@ def test_only_ranges_over_whole_months_read_the_monthly_rollup() -> None:
         start=day + timedelta(days=40), end=day + timedelta(days=50)
     )
     assert "usage_month_key" not in tables(start=day, end=day + timedelta(days=90), interval="day")
+    by_key_model = {"group_by": "key,model", "start": day, "end": day + timedelta(days=90)}
+    assert "usage_month_key_model" in tables(**by_key_model)
+    assert "usage_month_key_model" not in tables(**by_key_model, latency=True)
     by_model = {"group_by": "model,thinking,route", "start": day, "end": day + timedelta(days=90)}
     assert "usage_month_all_keys" in tables(**by_model)
     assert "usage_month_all_keys" not in tables(**by_model, latency=True)  # no histograms there
@@ -392,6 +401,7 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
             "DROP TABLE usage_day_total",
             "DROP TABLE usage_month_key",
             "DROP TABLE usage_month_all_keys",
+            "DROP TABLE usage_month_key_model",
             "DELETE FROM usage_schema WHERE version >= 2",
         ):
             await store.run(statement)
