@@ -6,6 +6,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -79,3 +80,20 @@ def measure(fn: Callable[[], object], device: torch.device) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def random_experts(w: Widths, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
+    """One MoE layer's routed experts at widths `w`, random, stacked for the fused kernel: in
+    `dtype` and the same values in FP8 (unit scales)."""
+    from backend.kernels.fused_moe import StackedExperts
+    from backend.model import fp8
+
+    w13 = torch.randn(w.experts, 2 * w.moe_inter, w.hidden, device=device, dtype=dtype) / 50
+    w2 = torch.randn(w.experts, w.hidden, w.moe_inter, device=device, dtype=dtype) / 50
+    quantized = StackedExperts(
+        w13.to(fp8.FP8_DTYPE),
+        w2.to(fp8.FP8_DTYPE),
+        torch.ones(w.experts, *fp8.scale_shape((2 * w.moe_inter, w.hidden)), device=device),
+        torch.ones(w.experts, *fp8.scale_shape((w.hidden, w.moe_inter)), device=device),
+    )
+    return StackedExperts(w13, w2), quantized

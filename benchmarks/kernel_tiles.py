@@ -34,6 +34,7 @@ from benchmarks.kernel_shapes import (  # noqa: E402
     SMOKE,
     Widths,
     measure,
+    random_experts,
 )
 
 MAX_ERROR = 2e-2  # relative L2 error against the fp32 reference (bf16 outputs)
@@ -141,17 +142,9 @@ def mla_shapes(w: Widths, device: torch.device) -> Iterable[Shape]:
 def moe_shapes(w: Widths, device: torch.device) -> Iterable[Shape]:
     from backend.kernels import fused_moe
     from backend.kernels.fused_moe import MoETiles
-    from backend.model import fp8
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    w13 = torch.randn(w.experts, 2 * w.moe_inter, w.hidden, device=device, dtype=dtype) / 50
-    w2 = torch.randn(w.experts, w.hidden, w.moe_inter, device=device, dtype=dtype) / 50
-    experts = fused_moe.StackedExperts(
-        w13.to(fp8.FP8_DTYPE),
-        w2.to(fp8.FP8_DTYPE),
-        torch.ones(w.experts, *fp8.scale_shape((2 * w.moe_inter, w.hidden)), device=device),
-        torch.ones(w.experts, *fp8.scale_shape((w.hidden, w.moe_inter)), device=device),
-    )
+    _, experts = random_experts(w, device, dtype)
     expert_params = 3 * w.hidden * w.moe_inter
     for tokens in (8, 64, 4096) if device.type == "cuda" else (4,):
         x = torch.randn(tokens, w.hidden, device=device, dtype=dtype)

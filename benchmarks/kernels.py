@@ -30,6 +30,7 @@ from benchmarks.kernel_shapes import (  # noqa: E402
     Row,
     Widths,
     measure,
+    random_experts,
 )
 
 
@@ -154,20 +155,10 @@ def _torch_moe(x, w13, w2, weights, ids):  # type: ignore[no-untyped-def]
 
 def bench_fused_moe(w: Widths, device: torch.device, token_counts: list[int]) -> list[Row]:
     from backend.kernels import fused_moe
-    from backend.model import fp8
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    w13 = torch.randn(w.experts, 2 * w.moe_inter, w.hidden, device=device, dtype=dtype) / 50
-    w2 = torch.randn(w.experts, w.hidden, w.moe_inter, device=device, dtype=dtype) / 50
-    bf16 = fused_moe.StackedExperts(w13, w2)
-    grid13 = fp8.scale_shape((2 * w.moe_inter, w.hidden))
-    grid2 = fp8.scale_shape((w.hidden, w.moe_inter))
-    quantized = fused_moe.StackedExperts(
-        w13.to(fp8.FP8_DTYPE),
-        w2.to(fp8.FP8_DTYPE),
-        torch.ones(w.experts, *grid13, device=device),
-        torch.ones(w.experts, *grid2, device=device),
-    )
+    bf16, quantized = random_experts(w, device, dtype)
+    w13, w2 = bf16.w13, bf16.w2
     expert_params = 3 * w.hidden * w.moe_inter
     out: list[Row] = []
     for tokens in token_counts:

@@ -206,8 +206,7 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
     def serve(self, cache: PagedLatentCache) -> None:
         """A worker's loop: run each of rank 0's commands until SHUTDOWN. Raises RankFailure
         when the group fails (rank 0 gone, or a collective timed out)."""
-        group = self.group
-        dim, dtype, device = self.config.hidden_size, self.dtype, self.device
+        group, device = self.group, self.device
         while True:
             header = group.broadcast(torch.zeros(3, dtype=torch.long), idle=True)
             kind, plan_len, rows = header.tolist()
@@ -216,32 +215,38 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
             plan = None
             if plan_len:
                 plan = group.broadcast(torch.empty(plan_len, dtype=torch.long))
+            last, last_hidden = self._last_batch, self._last_hidden
             if kind == STEP and plan is not None and 0 <= rows < plan_len:
                 out = self._forward(decode_plan(plan[: plan_len - rows], device), cache)
                 self._gather_logits(out.index_select(0, plan[plan_len - rows :].to(device)))
-                continue
-            last, last_hidden = self._last_batch, self._last_hidden
-            if (
+            elif (
                 kind == MTP_NEXT
                 and plan is not None
                 and last is not None
                 and last_hidden is not None
             ):
                 self.mtp_forward(replace(last, input_ids=plan.to(device)), cache, last_hidden)
-                continue
-            hidden = None
-            if rows > 0:
-                hidden = group.broadcast(torch.empty(rows, dim, dtype=dtype, device=device))
-            elif rows == _LAST_HIDDEN:
-                hidden = self._last_hidden
-            if kind == FORWARD and plan is not None:
-                self._forward(decode_plan(plan, device), cache)
-            elif kind == LOGITS and hidden is not None:
-                self.compute_logits(hidden)
-            elif kind == MTP and plan is not None and hidden is not None:
-                self.mtp_forward(decode_plan(plan, device), cache, hidden)
             else:
-                raise RankFailure(f"rank {group.rank}: malformed command {header.tolist()}")
+                self._serve_call(header, plan, cache)
+
+    def _serve_call(self, header: Tensor, plan: Tensor | None, cache: PagedLatentCache) -> None:
+        """A worker: a call that brings its own plan and hidden rows (a bare forward, logits of
+        given rows, a chained draft)."""
+        kind, _, rows = header.tolist()
+        hidden = None
+        if rows > 0:
+            shape = (rows, self.config.hidden_size)
+            hidden = self.group.broadcast(torch.empty(shape, dtype=self.dtype, device=self.device))
+        elif rows == _LAST_HIDDEN:
+            hidden = self._last_hidden
+        if kind == FORWARD and plan is not None:
+            self._forward(decode_plan(plan, self.device), cache)
+        elif kind == LOGITS and hidden is not None:
+            self.compute_logits(hidden)
+        elif kind == MTP and plan is not None and hidden is not None:
+            self.mtp_forward(decode_plan(plan, self.device), cache, hidden)
+        else:
+            raise RankFailure(f"rank {self.group.rank}: malformed command {header.tolist()}")
 
 
 def encode_plan(batch: ForwardBatch) -> Tensor:

@@ -43,12 +43,16 @@ EXPLORER_COLUMNS = (
 TOTALS_ONLY = EXPLORER_COLUMNS[:7]
 
 
+def _shows_latency(view: View) -> bool:
+    """Whether the explorer shows p50/p95. Not by key: they come from the latency histograms,
+    which the rollups keep per key only beside every other dimension (a month of them is some
+    100,000 rows at a million records a day, against 30,000 rows of totals); each key's own
+    page shows its latency."""
+    return view.group_by != "key"
+
+
 def _columns(view: View) -> tuple[str, ...]:
-    """The explorer's columns. By key, the totals alone: p50/p95 come from the latency
-    histograms, which the rollups keep per key only beside every other dimension (a month of
-    them is some 100,000 rows at a million records a day, against 30,000 rows of totals); each
-    key's own page shows its latency."""
-    return TOTALS_ONLY if view.group_by == "key" else EXPLORER_COLUMNS
+    return EXPLORER_COLUMNS if _shows_latency(view) else TOTALS_ONLY
 
 
 def routes() -> list[web.RouteDef]:
@@ -253,8 +257,7 @@ def _explorer_row(row: dict[str, Any], group: str) -> dict[str, Any]:
 
 async def _explore(request: web.Request, store: UsageStore) -> tuple[View, list[dict[str, Any]]]:
     view = read_view(request.query)
-    latency = _columns(view) is EXPLORER_COLUMNS
-    q = view.summary(interval=False, group_by=view.group_by, latency=latency)
+    q = view.summary(interval=False, group_by=view.group_by, latency=_shows_latency(view))
     rows = await request.app[SUMMARIES].summary(store, q)
     table = [_explorer_row(r, view.group_by) for r in rows]
     table.sort(key=lambda r: (-r["requests"], r["group"]))
@@ -280,7 +283,7 @@ async def explorer(request: web.Request) -> web.Response:
         intervals=INTERVALS,
         groups=GROUPS,
         table=table,
-        latency=_columns(view) is EXPLORER_COLUMNS,
+        latency=_shows_latency(view),
         names=names,
         plot=plot,
         currency=_currency(request),
