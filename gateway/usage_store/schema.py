@@ -1,7 +1,8 @@
 """The usage store's tables and their versioned migrations, applied at start.
 
 `usage_records`: one row per settled request (metadata only, never prompt or answer text),
-keyed by its Redis stream entry id, so storing a record twice stores it once.
+unique by its Redis stream entry id, so storing a record twice stores it once, and stored in
+(key, time) order, so one key's records over a range are read together.
 `usage_hour` and `usage_day`: rollups by bucket start (epoch seconds, UTC) and the dimensions
 key, model, provider, route (local/upstream), thinking, status and error code; counters add,
 and the latency histograms (`sketch.py`) add column by column.
@@ -63,10 +64,8 @@ schema_versions = Table(
     Column("applied_ms", BigInteger, nullable=False),
 )
 
-records = Table(
-    "usage_records",
-    metadata,
-    Column("record_id", String(40), primary_key=True),  # the stream entry id
+_RECORD_COLUMNS = (
+    Column("record_id", String(40), nullable=False),  # the stream entry id
     Column("ts_ms", BigInteger, nullable=False),  # settlement time, epoch ms
     Column("request_id", String(128), nullable=False),
     Column("key_id", String(64), nullable=False),
@@ -88,8 +87,27 @@ records = Table(
     Column("cost", Float, nullable=False),
     Column("latency_ms", Float, nullable=False),
     Column("ttft_ms", Float, nullable=True),
-    Index("usage_records_ts", "ts_ms"),
-    Index("usage_records_key_ts", "key_id", "ts_ms"),
+)
+
+
+def _records_table(name: str, meta: MetaData) -> Table:
+    """The records table: keyed (key, time, id), without a rowid on SQLite, so that a key's
+    records over a range lie together (one key's month is a range of pages, not a page per
+    record); unique by record id (what makes a second insert store nothing) and indexed by time
+    (the listings and exports over every key)."""
+    return Table(
+        name,
+        meta,
+        *(column._copy() for column in _RECORD_COLUMNS),
+        PrimaryKeyConstraint("key_id", "ts_ms", "record_id", name=f"{name}_pkey"),
+        sqlite_with_rowid=False,
+    )
+
+
+records = _records_table("usage_records", metadata)
+_RECORD_INDEXES = (
+    Index("usage_records_id", records.c.record_id, unique=True),
+    Index("usage_records_ts", records.c.ts_ms),
 )
 # Columns a record listing and the CSV export show (all of a record's metadata).
 RECORD_COLUMNS = tuple(c.name for c in records.columns)
@@ -282,6 +300,25 @@ def _fill_months(conn: Connection, pairs: tuple[tuple[Table, Table], ...]) -> No
             conn.execute(insert(table), rows[start : start + 1000])
 
 
+def _v7(conn: Connection) -> None:
+    """The records keyed by (key, time, id) (`_records_table`): copied, in that order, into the
+    new table, which then takes the old one's name. Takes a while on a large store (a minute or
+    so per ten million records); runs once."""
+    rebuilt = _records_table("usage_records_v7", MetaData())
+    rebuilt.create(conn)
+    order = (records.c.key_id, records.c.ts_ms, records.c.record_id)
+    conn.execute(insert(rebuilt).from_select(RECORD_COLUMNS, select(records).order_by(*order)))
+    records.drop(conn)  # and its indexes
+    conn.exec_driver_sql("ALTER TABLE usage_records_v7 RENAME TO usage_records")
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(
+            "ALTER TABLE usage_records RENAME CONSTRAINT usage_records_v7_pkey "
+            "TO usage_records_pkey"
+        )
+    for index in _RECORD_INDEXES:
+        index.create(conn)
+
+
 # Versioned migrations, in order; each runs once, in the transaction that records it.
 MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = (
     (1, _v1),
@@ -290,6 +327,7 @@ MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = (
     (4, _v4),
     (5, _v5),
     (6, _v6),
+    (7, _v7),
 )
 
 

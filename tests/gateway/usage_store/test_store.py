@@ -420,6 +420,55 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
         await store.aclose()
 
 
+async def test_a_store_with_records_by_id_gets_them_keyed_by_key_and_time(
+    store_url: str,
+) -> None:
+    """Opening a store whose records table is keyed by record id alone (its schema before
+    version 7) rebuilds it keyed by (key, time, id): every record kept, listings and exports
+    unchanged, a record stored again still stored once."""
+    store = await UsageStore.open(store_url)
+    batch = rows(120)
+    try:
+        await store.insert(batch[:100])
+        listing, _ = await store.records(RecordsQuery(key="key1", limit=1000))
+        exported = [row async for chunk in store.export(ExportQuery()) for row in chunk]
+        for statement in (
+            "CREATE TABLE usage_records_old AS SELECT * FROM usage_records",
+            "DROP TABLE usage_records",
+            "ALTER TABLE usage_records_old RENAME TO usage_records",
+            "CREATE UNIQUE INDEX usage_records_old_id ON usage_records (record_id)",
+            "CREATE INDEX usage_records_ts ON usage_records (ts_ms)",
+            "CREATE INDEX usage_records_key_ts ON usage_records (key_id, ts_ms)",
+            "DELETE FROM usage_schema WHERE version = 7",
+        ):
+            await store.run(statement)
+    finally:
+        await store.aclose()
+    store = await UsageStore.open(store_url)
+    try:
+        async with store.writer.connect() as conn:
+            if store.dialect == "sqlite":
+                found = await conn.exec_driver_sql(
+                    "SELECT sql FROM sqlite_master WHERE name = 'usage_records'"
+                )
+                assert "WITHOUT ROWID" in found.scalar_one()
+            else:
+                found = await conn.exec_driver_sql(
+                    "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = "
+                    "i.indrelid AND a.attnum = ANY(i.indkey) WHERE i.indisprimary AND "
+                    "i.indrelid = 'usage_records'::regclass ORDER BY array_position(i.indkey, "
+                    "a.attnum)"
+                )
+                assert list(found.scalars()) == ["key_id", "ts_ms", "record_id"]
+        assert await store.count() == 100
+        assert (await store.records(RecordsQuery(key="key1", limit=1000)))[0] == listing
+        assert [row async for chunk in store.export(ExportQuery()) for row in chunk] == exported
+        assert await store.insert(batch) == 20  # the first 100 stored before: once
+        assert await store.count() == 120
+    finally:
+        await store.aclose()
+
+
 async def test_last_use_is_each_keys_latest_record(store_url: str) -> None:
     store = await UsageStore.open(store_url)
     try:
