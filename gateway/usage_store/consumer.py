@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.config.usage import UsageSettings
 from gateway.keys.store import text
-from gateway.usage_store.rows import row_of
+from gateway.usage_store.rows import rows_of
 from gateway.usage_store.store import UsageStore
 
 log = structlog.get_logger("gateway.usage_store")
@@ -40,14 +40,6 @@ _FAILURES = (RedisError, SQLAlchemyError, OSError, asyncio.TimeoutError)
 _MAX_RETRY_S = 30.0
 # Consumers with nothing pending idle this long are removed from the group (dead processes').
 _FORGET_IDLE_MS = 86_400_000
-
-
-def _text(fields: dict[Any, Any]) -> dict[str, str]:
-    """An entry's fields as text, however the client returns replies (bytes that are not UTF-8
-    read as U+FFFD: no entry can stop the consumer)."""
-    if not fields or not isinstance(next(iter(fields)), bytes):
-        return fields
-    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in fields.items()}
 
 
 def _next_id(entry_id: str) -> str:
@@ -111,7 +103,7 @@ class UsageConsumer:
         return len(entries)
 
     def _rows(self, entries: Sequence[Entry]) -> list[dict[str, Any]]:
-        return [row_of(text(entry_id), _text(fields), self._local) for entry_id, fields in entries]
+        return rows_of(entries, self._local)
 
     async def _read(self, after: str, count: int, block_ms: int | None) -> list[Entry]:
         reply: Any = await self._redis.xreadgroup(

@@ -5,7 +5,6 @@ what each rollup table holds."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -15,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from gateway.usage_store.schema import RECORD_COLUMNS, ROLLUPS, records
 
 _record_values = itemgetter(*RECORD_COLUMNS)  # a row's values in the order of RECORD_COLUMNS
+_SQLITE_PARAMS = 32_000  # SQLite's limit on parameters per statement
 _PG_TYPES = ((BigInteger, "bigint"), (Integer, "integer"), (Float, "float8"), (String, "text"))
 
 
@@ -40,10 +40,8 @@ class InsertSQL:
                 f"INSERT INTO usage_records ({names}) SELECT * FROM unnest({arrays}) {conflict}"
             )
         else:
-            one = "(" + ", ".join("?" * len(RECORD_COLUMNS)) + ")"
-            self._records_head = f"INSERT INTO usage_records ({names}) VALUES "
-            self._records_one = one
-            self._records_tail = f" {conflict}"
+            marks = ", ".join("?" * len(RECORD_COLUMNS))
+            self._records = f"INSERT INTO usage_records ({names}) VALUES ({marks})"
         self._rollups = {}
         for table, shape in ROLLUPS.items():
             columns = ("bucket", *shape.dims, *shape.added)
@@ -70,15 +68,22 @@ class InsertSQL:
             columns = tuple(map(list, zip(*map(_record_values, rows), strict=True)))
             result = await conn.exec_driver_sql(self._records, columns)
             return {row[0] for row in result}
-        new: set[str] = set()
-        per = 32_000 // len(RECORD_COLUMNS)  # SQLite's limit on parameters per statement
-        for start in range(0, len(rows), per):
-            part = rows[start : start + per]
-            sql = self._records_head + ", ".join([self._records_one] * len(part))
-            params = tuple(chain.from_iterable(map(_record_values, part)))
-            result = await conn.exec_driver_sql(sql + self._records_tail, params)
-            new.update(row[0] for row in result)
-        return new
+        # SQLite: the transaction holds the database's write lock, so the ids found stored are
+        # all there are; the rest go in through one prepared statement (executemany).
+        ids = [row["record_id"] for row in rows]
+        stored: set[str] = set()
+        for start in range(0, len(ids), _SQLITE_PARAMS):
+            part = ids[start : start + _SQLITE_PARAMS]
+            found = await conn.exec_driver_sql(
+                "SELECT record_id FROM usage_records WHERE record_id IN "
+                f"({', '.join('?' * len(part))})",
+                tuple(part),
+            )
+            stored.update(row[0] for row in found)
+        fresh = [_record_values(row) for row in rows if row["record_id"] not in stored]
+        if fresh:
+            await conn.exec_driver_sql(self._records, fresh)
+        return set(ids) - stored
 
     async def add_rollups(
         self, conn: AsyncConnection, table: Table, increments: list[list[Any]]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from itertools import islice
+from operator import add, itemgetter
 from typing import Any
 
 from gateway.usage_store.buckets import MONTH, bucket_start
@@ -12,18 +14,18 @@ from gateway.usage_store.schema import ADDED, DIMENSIONS
 from gateway.usage_store.sketch import bucket_of
 
 
-def _int(value: str | None) -> int:
+def _int(value: str | bytes | None) -> int:
     try:
         return int(value or 0)
-    except ValueError:
-        return 0
+    except ValueError:  # bytes: read again as text (which takes digits beyond ASCII too)
+        return _int(value.decode("utf-8", "replace")) if isinstance(value, bytes) else 0
 
 
-def _float(value: str | None) -> float | None:
+def _float(value: str | bytes | None) -> float | None:
     try:
         number = float(value) if value else None
     except ValueError:
-        return None
+        return _float(value.decode("utf-8", "replace")) if isinstance(value, bytes) else None
     return number if number is not None and math.isfinite(number) else None
 
 
@@ -68,6 +70,70 @@ def row_of(entry_id: str, fields: Mapping[str, str], local: frozenset[str]) -> d
         "latency_ms": _float(fields.get("latency_ms")) or 0.0,
         "ttft_ms": _float(fields.get("ttft_ms")),
     }
+
+
+_TEXT = (  # row column, stream field, longest kept
+    ("request_id", b"request_id", 128),
+    ("key_id", b"key_id", 64),
+    ("model", b"model", 200),
+    ("route_model", b"route_model", 200),
+    ("thinking", b"thinking", 4),
+    ("route_reason", b"route_reason", 100),
+    ("error_code", b"error_code", 100),
+)
+_INT = tuple(
+    (name, name.encode())
+    for name in (
+        "status",
+        "prompt_tokens",
+        "cached_tokens",
+        "completion_tokens",
+        "reasoning_tokens",
+        "max_tokens",
+        "reserved_tokens",
+        "charged_tokens",
+    )
+)
+
+
+def rows_of(
+    entries: Iterable[tuple[Any, Mapping[Any, Any]]], local: frozenset[str]
+) -> list[dict[str, Any]]:
+    """`row_of` for each stream entry as the Redis client returns it (id and fields as bytes,
+    or as text): what `row_of` makes of the decoded entry, without decoding what it does not
+    keep (field names, numbers: `int` and `float` read bytes)."""
+    made = []
+    for entry_id, fields in entries:
+        raw = fields.values()
+        if not fields or not isinstance(next(iter(fields)), bytes) or b"\x00" in b"".join(raw):
+            decoded = {
+                (k.decode("utf-8", "replace") if isinstance(k, bytes) else k): (
+                    v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+                )
+                for k, v in fields.items()
+            }
+            ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            made.append(row_of(ident, decoded, local))
+            continue
+        ident = entry_id.decode()
+        get = fields.get
+        row: dict[str, Any] = {"record_id": ident}
+        ts = get(b"ts")
+        row["ts_ms"] = _ts_ms(ts.decode("utf-8", "replace") if ts else None, ident)
+        for column, name, longest in _TEXT:
+            value = get(name)
+            row[column] = value.decode("utf-8", "replace")[:longest] if value else ""
+        provider_bytes = get(b"provider")
+        provider = provider_bytes.decode("utf-8", "replace") if provider_bytes else ""
+        row["provider"] = provider[:100]
+        row["route"] = "" if not provider else ("local" if provider in local else "upstream")
+        for column, name in _INT:
+            row[column] = _int(get(name))
+        row["cost"] = _float(get(b"cost")) or 0.0
+        row["latency_ms"] = _float(get(b"latency_ms")) or 0.0
+        row["ttft_ms"] = _float(get(b"ttft_ms"))
+        made.append(row)
+    return made
 
 
 def failed(row: Mapping[str, Any]) -> bool:
@@ -145,9 +211,10 @@ def coarser(
     `source`, in its order): what `rollups` of the same rows makes at that grain, without
     reading them again (the daily rollups from the hourly ones). Values in the order of
     `bucket`, `dims`, `ADDED`."""
-    groups: dict[tuple[Any, ...], list[Any]] = {}
+    groups: dict[tuple[Any, ...], list[Any]] = {}  # primary key -> the added values
     head = 1 + len(source)
     kept = [1 + source.index(d) for d in dims]
+    dims_of = itemgetter(*kept) if len(kept) > 1 else None  # (a tuple of two or more)
     months: dict[int, int] = {}  # bucket -> its month's start (MONTH: read once a bucket)
     for increment in increments:
         second = increment[0]
@@ -155,11 +222,13 @@ def coarser(
             bucket = second // bucket_s * bucket_s
         elif (bucket := months.get(second)) is None:
             bucket = months[second] = bucket_start(second, MONTH)
-        pk = (bucket, *(increment[i] for i in kept))
+        if dims_of is not None:
+            pk = (bucket, *dims_of(increment))
+        else:
+            pk = (bucket, *[increment[i] for i in kept])
         group = groups.get(pk)
         if group is None:
-            groups[pk] = [*pk, *increment[head:]]
+            groups[pk] = increment[head:]
         else:
-            width = len(pk)
-            group[width:] = [a + b for a, b in zip(group[width:], increment[head:], strict=True)]
-    return [groups[pk] for pk in sorted(groups)]
+            groups[pk] = list(map(add, group, islice(increment, head, None)))
+    return [[*pk, *groups[pk]] for pk in sorted(groups)]

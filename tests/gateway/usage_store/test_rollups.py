@@ -1,5 +1,6 @@
-"""Rollup arithmetic: the daily rollup folded from the hourly one equals the daily rollup of
-the rows themselves, and the two-quantile pass reads what two single quantiles read."""
+"""Rows and rollup arithmetic: stream entries as the Redis client returns them make the rows
+their decoded fields make, the daily rollup folded from the hourly one equals the daily rollup
+of the rows themselves, and the two-quantile pass reads what two single quantiles read."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH, bucket_start, next_month
-from gateway.usage_store.rows import coarser, rollups, rollups_at, row_of
+from gateway.usage_store.rows import coarser, rollups, rollups_at, row_of, rows_of
 from gateway.usage_store.schema import ADDED, ALL_KEYS, DIMENSIONS, KEY_MODEL, TOTALS
 from gateway.usage_store.sketch import BUCKETS, quantile, quantiles
 
@@ -36,6 +37,37 @@ def _rows(n: int, seed: int) -> list[dict[str, object]]:
         }
         rows.append(row_of(f"{ts_ms}-{i}", fields, frozenset({"engine"})))
     return rows
+
+
+def test_entries_as_bytes_make_the_rows_of_their_decoded_fields() -> None:
+    """`rows_of` reads the client's bytes without decoding what it does not keep; whatever the
+    values (digits beyond ASCII, bytes that are not UTF-8, NUL, no time, not finite), each row
+    is what `row_of` makes of the entry decoded."""
+    local = frozenset({"engine"})
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = [
+        (
+            f"{row['record_id']}".encode(),
+            {k.encode(): str(v).encode() for k, v in row.items() if k not in ("record_id",)},
+        )
+        for row in _rows(50, 1)
+    ]
+    entries += [
+        (b"1-0", {b"status": "２００".encode(), b"cost": b"\xff1", b"ttft_ms": "１.５".encode()}),
+        (b"2-0", {b"key_id": b"k\xffx", b"ts": b"not a time", b"provider": b"engine"}),
+        (b"3-0", {b"status": b"2\x0000", b"model": b"m\x00", b"latency_ms": b"inf"}),
+        (b"4-0", {b"prompt_tokens": b" 7 ", b"thinking": b"on-and-on", b"ts": b""}),
+    ]
+
+    def decoded(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, object]:
+        text = {
+            k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in fields.items()
+        }
+        return row_of(entry_id.decode(), text, local)
+
+    assert rows_of(entries, local) == [decoded(i, f) for i, f in entries]
+    text_entries = [(i.decode(), {k.decode(): v.decode("utf-8", "replace") for k, v in f.items()})
+                    for i, f in entries]  # fmt: skip
+    assert rows_of(text_entries, local) == [decoded(i, f) for i, f in entries]
 
 
 @pytest.mark.parametrize("seed", range(5))

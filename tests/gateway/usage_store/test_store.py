@@ -469,6 +469,35 @@ async def test_a_store_with_records_by_id_gets_them_keyed_by_key_and_time(
         await store.aclose()
 
 
+async def test_postgresql_rollups_keep_room_on_their_pages_for_updates(store_url: str) -> None:
+    """On PostgreSQL every rollup table is created, or migrated, with a fillfactor below 100,
+    so that updating a row can keep it on its page (no new index entries)."""
+    if not store_url.startswith("postgresql"):
+        pytest.skip("a PostgreSQL storage parameter")
+
+    async def fillfactors(store: UsageStore) -> dict[str, list[str] | None]:
+        async with store.writer.connect() as conn:
+            found = await conn.exec_driver_sql(
+                "SELECT relname, reloptions FROM pg_class WHERE relkind = 'r' AND relname "
+                "LIKE 'usage\\_%' AND relname NOT IN ('usage_records', 'usage_schema')"
+            )
+            return {name: options for name, options in found}
+
+    store = await UsageStore.open(store_url)
+    try:
+        created = await fillfactors(store)
+        assert len(created) == 14 and all(o == ["fillfactor=70"] for o in created.values())
+        await store.run("ALTER TABLE usage_hour RESET (fillfactor)")
+        await store.run("DELETE FROM usage_schema WHERE version = 8")
+    finally:
+        await store.aclose()
+    store = await UsageStore.open(store_url)
+    try:
+        assert await fillfactors(store) == created
+    finally:
+        await store.aclose()
+
+
 async def test_last_use_is_each_keys_latest_record(store_url: str) -> None:
     store = await UsageStore.open(store_url)
     try:
