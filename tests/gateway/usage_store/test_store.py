@@ -29,6 +29,19 @@ def rows(n: int, start_s: float = DAY0, step_s: float = 600.0) -> list[dict[str,
     ]  # fmt: skip
 
 
+async def _reopened_after(
+    store: UsageStore, store_url: str, statements: tuple[str, ...]
+) -> UsageStore:
+    """Run `statements` on `store` (making it an older store), close it, and open it again
+    (which migrates it)."""
+    try:
+        for statement in statements:
+            await store.run(statement)
+    finally:
+        await store.aclose()
+    return await UsageStore.open(store_url)
+
+
 async def test_insert_is_idempotent_and_rollups_match_raw(store_url: str) -> None:
     store = await UsageStore.open(store_url)
     try:
@@ -389,7 +402,13 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
             for i in ("day", "hour", None)
             for p in (True, False)
         ]
-        for statement in (
+    except BaseException:
+        await store.aclose()
+        raise
+    store = await _reopened_after(
+        store,
+        store_url,
+        (
             "DROP TABLE usage_hour_all_keys",
             "DROP TABLE usage_day_all_keys",
             "DROP TABLE usage_day_key_model",
@@ -403,11 +422,8 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
             "DROP TABLE usage_month_all_keys",
             "DROP TABLE usage_month_key_model",
             "DELETE FROM usage_schema WHERE version >= 2",
-        ):
-            await store.run(statement)
-    finally:
-        await store.aclose()
-    store = await UsageStore.open(store_url)
+        ),
+    )
     try:
         after = [
             await store.summary(SummaryQuery(group_by=g, interval=i, latency=p))
@@ -432,7 +448,13 @@ async def test_a_store_with_records_by_id_gets_them_keyed_by_key_and_time(
         await store.insert(batch[:100])
         listing, _ = await store.records(RecordsQuery(key="key1", limit=1000))
         exported = [row async for chunk in store.export(ExportQuery()) for row in chunk]
-        for statement in (
+    except BaseException:
+        await store.aclose()
+        raise
+    store = await _reopened_after(
+        store,
+        store_url,
+        (
             "CREATE TABLE usage_records_old AS SELECT * FROM usage_records",
             "DROP TABLE usage_records",
             "ALTER TABLE usage_records_old RENAME TO usage_records",
@@ -440,11 +462,8 @@ async def test_a_store_with_records_by_id_gets_them_keyed_by_key_and_time(
             "CREATE INDEX usage_records_ts ON usage_records (ts_ms)",
             "CREATE INDEX usage_records_key_ts ON usage_records (key_id, ts_ms)",
             "DELETE FROM usage_schema WHERE version = 7",
-        ):
-            await store.run(statement)
-    finally:
-        await store.aclose()
-    store = await UsageStore.open(store_url)
+        ),
+    )
     try:
         async with store.writer.connect() as conn:
             if store.dialect == "sqlite":
@@ -487,11 +506,17 @@ async def test_postgresql_rollups_keep_room_on_their_pages_for_updates(store_url
     try:
         created = await fillfactors(store)
         assert len(created) == 14 and all(o == ["fillfactor=70"] for o in created.values())
-        await store.run("ALTER TABLE usage_hour RESET (fillfactor)")
-        await store.run("DELETE FROM usage_schema WHERE version = 8")
-    finally:
+    except BaseException:
         await store.aclose()
-    store = await UsageStore.open(store_url)
+        raise
+    store = await _reopened_after(
+        store,
+        store_url,
+        (
+            "ALTER TABLE usage_hour RESET (fillfactor)",
+            "DELETE FROM usage_schema WHERE version = 8",
+        ),
+    )
     try:
         assert await fillfactors(store) == created
     finally:
