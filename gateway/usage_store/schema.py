@@ -329,8 +329,8 @@ def _fill_months(conn: Connection, pairs: tuple[tuple[Table, Table], ...]) -> No
 
 def _v7(conn: Connection) -> None:
     """The records keyed by (key, time, id) (`_records_table`): copied, in that order, into the
-    new table, which then takes the old one's name. Takes a while on a large store (a minute or
-    so per ten million records); runs once."""
+    new table, which then takes the old one's name. Runs once, at the first start after an
+    upgrade, and takes a while on a large store (`docs/performance.md`)."""
     rebuilt = _records_table("usage_records_v7", MetaData())
     rebuilt.create(conn)
     order = (records.c.key_id, records.c.ts_ms, records.c.record_id)
