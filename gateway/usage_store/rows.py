@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
 from operator import add, itemgetter
@@ -37,6 +37,67 @@ def _ts_ms(value: str | None, entry_id: str) -> int:
         return int(entry_id.split("-", 1)[0])
 
 
+# The row's columns from the stream's fields of the same names: text (cut to its column's
+# length), whole numbers, and decimals (`ts`, `provider` and `ttft_ms` are read apart).
+_TEXT = (
+    ("request_id", 128),
+    ("key_id", 64),
+    ("model", 200),
+    ("route_model", 200),
+    ("thinking", 4),
+    ("route_reason", 100),
+    ("error_code", 100),
+)
+_INT = (
+    "status",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "max_tokens",
+    "reserved_tokens",
+    "charged_tokens",
+)
+_FIELDS = ("ts", "provider", "cost", "latency_ms", "ttft_ms", *(c for c, _ in _TEXT), *_INT)
+_AS_TEXT = {name: name for name in _FIELDS}  # column -> field name, decoded fields
+_AS_BYTES = {name: name.encode() for name in _FIELDS}  # the same, the client's bytes
+
+
+def _str(value: str | None) -> str:
+    return value or ""
+
+
+def _decoded(value: bytes | None) -> str:
+    return value.decode("utf-8", "replace") if value else ""
+
+
+def _row(
+    entry_id: str,
+    fields: Mapping[Any, Any],
+    names: Mapping[str, Any],
+    text: Callable[[Any], str],
+    local: frozenset[str],
+) -> dict[str, Any]:
+    """The row of one entry whose `fields` are named by `names` (column -> field name) and
+    read as text by `text` (numbers are read by `_int` and `_float`, from text or bytes)."""
+    get = fields.get
+    provider = text(get(names["provider"]))
+    row: dict[str, Any] = {
+        "record_id": entry_id,
+        "ts_ms": _ts_ms(text(get(names["ts"])) or None, entry_id),
+        "provider": provider[:100],
+        "route": "" if not provider else ("local" if provider in local else "upstream"),
+    }
+    for column, longest in _TEXT:
+        row[column] = text(get(names[column]))[:longest]
+    for column in _INT:
+        row[column] = _int(get(names[column]))
+    row["cost"] = _float(get(names["cost"])) or 0.0
+    row["latency_ms"] = _float(get(names["latency_ms"])) or 0.0
+    row["ttft_ms"] = _float(get(names["ttft_ms"]))
+    return row
+
+
 def row_of(entry_id: str, fields: Mapping[str, str], local: frozenset[str]) -> dict[str, Any]:
     """The row for stream entry `entry_id` (its `fields` decoded); `local`: the names of the
     local engine's providers (their route is "local", any other provider's "upstream").
@@ -44,56 +105,7 @@ def row_of(entry_id: str, fields: Mapping[str, str], local: frozenset[str]) -> d
     it), so that no record can stop the consumer."""
     if any("\x00" in value for value in fields.values()):
         fields = {k: v.replace("\x00", "") for k, v in fields.items()}
-    provider = fields.get("provider", "")
-    route = "" if not provider else ("local" if provider in local else "upstream")
-    return {
-        "record_id": entry_id,
-        "ts_ms": _ts_ms(fields.get("ts"), entry_id),
-        "request_id": fields.get("request_id", "")[:128],
-        "key_id": fields.get("key_id", "")[:64],
-        "model": fields.get("model", "")[:200],
-        "provider": provider[:100],
-        "route_model": fields.get("route_model", "")[:200],
-        "route": route,
-        "thinking": fields.get("thinking", "")[:4],
-        "route_reason": fields.get("route_reason", "")[:100],
-        "status": _int(fields.get("status")),
-        "error_code": fields.get("error_code", "")[:100],
-        "prompt_tokens": _int(fields.get("prompt_tokens")),
-        "cached_tokens": _int(fields.get("cached_tokens")),
-        "completion_tokens": _int(fields.get("completion_tokens")),
-        "reasoning_tokens": _int(fields.get("reasoning_tokens")),
-        "max_tokens": _int(fields.get("max_tokens")),
-        "reserved_tokens": _int(fields.get("reserved_tokens")),
-        "charged_tokens": _int(fields.get("charged_tokens")),
-        "cost": _float(fields.get("cost")) or 0.0,
-        "latency_ms": _float(fields.get("latency_ms")) or 0.0,
-        "ttft_ms": _float(fields.get("ttft_ms")),
-    }
-
-
-_TEXT = (  # row column, stream field, longest kept
-    ("request_id", b"request_id", 128),
-    ("key_id", b"key_id", 64),
-    ("model", b"model", 200),
-    ("route_model", b"route_model", 200),
-    ("thinking", b"thinking", 4),
-    ("route_reason", b"route_reason", 100),
-    ("error_code", b"error_code", 100),
-)
-_INT = tuple(
-    (name, name.encode())
-    for name in (
-        "status",
-        "prompt_tokens",
-        "cached_tokens",
-        "completion_tokens",
-        "reasoning_tokens",
-        "max_tokens",
-        "reserved_tokens",
-        "charged_tokens",
-    )
-)
+    return _row(entry_id, fields, _AS_TEXT, _str, local)
 
 
 def rows_of(
@@ -104,35 +116,13 @@ def rows_of(
     keep (field names, numbers: `int` and `float` read bytes)."""
     made = []
     for entry_id, fields in entries:
-        raw = fields.values()
-        if not fields or not isinstance(next(iter(fields)), bytes) or b"\x00" in b"".join(raw):
-            decoded = {
-                (k.decode("utf-8", "replace") if isinstance(k, bytes) else k): (
-                    v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-                )
-                for k, v in fields.items()
-            }
-            ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-            made.append(row_of(ident, decoded, local))
-            continue
-        ident = entry_id.decode()
-        get = fields.get
-        row: dict[str, Any] = {"record_id": ident}
-        ts = get(b"ts")
-        row["ts_ms"] = _ts_ms(ts.decode("utf-8", "replace") if ts else None, ident)
-        for column, name, longest in _TEXT:
-            value = get(name)
-            row[column] = value.decode("utf-8", "replace")[:longest] if value else ""
-        provider_bytes = get(b"provider")
-        provider = provider_bytes.decode("utf-8", "replace") if provider_bytes else ""
-        row["provider"] = provider[:100]
-        row["route"] = "" if not provider else ("local" if provider in local else "upstream")
-        for column, name in _INT:
-            row[column] = _int(get(name))
-        row["cost"] = _float(get(b"cost")) or 0.0
-        row["latency_ms"] = _float(get(b"latency_ms")) or 0.0
-        row["ttft_ms"] = _float(get(b"ttft_ms"))
-        made.append(row)
+        if fields and isinstance(next(iter(fields)), bytes):
+            if b"\x00" not in b"".join(fields.values()):
+                made.append(_row(entry_id.decode(), fields, _AS_BYTES, _decoded, local))
+                continue
+            fields = {_decoded(k): _decoded(v) for k, v in fields.items()}
+        ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        made.append(row_of(ident, fields, local))
     return made
 
 

@@ -3,9 +3,11 @@ the raw rows, the admin queries, retention and migrations."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -29,17 +31,14 @@ def rows(n: int, start_s: float = DAY0, step_s: float = 600.0) -> list[dict[str,
     ]  # fmt: skip
 
 
-async def _reopened_after(
-    store: UsageStore, store_url: str, statements: tuple[str, ...]
-) -> UsageStore:
-    """Run `statements` on `store` (making it an older store), close it, and open it again
-    (which migrates it)."""
+@contextlib.asynccontextmanager
+async def _opened(store_url: str) -> AsyncIterator[UsageStore]:
+    """The store at `store_url`, opened (which migrates it) and closed after."""
+    store = await UsageStore.open(store_url)
     try:
-        for statement in statements:
-            await store.run(statement)
+        yield store
     finally:
         await store.aclose()
-    return await UsageStore.open(store_url)
 
 
 async def test_insert_is_idempotent_and_rollups_match_raw(store_url: str) -> None:
@@ -393,8 +392,7 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
     """Opening a store written before the all-keys rollups, the key x model totals, the rollups
     by model and provider or by key and the periods' totals existed (its schema at version 1)
     creates them from the keyed rollups, so every summary reads as before."""
-    store = await UsageStore.open(store_url)
-    try:
+    async with _opened(store_url) as store:
         await store.insert(_varied(400))
         before = [
             await store.summary(SummaryQuery(group_by=g, interval=i, latency=p))
@@ -402,13 +400,7 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
             for i in ("day", "hour", None)
             for p in (True, False)
         ]
-    except BaseException:
-        await store.aclose()
-        raise
-    store = await _reopened_after(
-        store,
-        store_url,
-        (
+        for statement in (
             "DROP TABLE usage_hour_all_keys",
             "DROP TABLE usage_day_all_keys",
             "DROP TABLE usage_day_key_model",
@@ -422,9 +414,9 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
             "DROP TABLE usage_month_all_keys",
             "DROP TABLE usage_month_key_model",
             "DELETE FROM usage_schema WHERE version >= 2",
-        ),
-    )
-    try:
+        ):
+            await store.run(statement)
+    async with _opened(store_url) as store:
         after = [
             await store.summary(SummaryQuery(group_by=g, interval=i, latency=p))
             for g in ("model", "key,model", "")
@@ -432,8 +424,6 @@ async def test_a_store_from_before_the_narrow_rollups_gets_them_filled(
             for p in (True, False)
         ]
         assert after == before
-    finally:
-        await store.aclose()
 
 
 async def test_a_store_with_records_by_id_gets_them_keyed_by_key_and_time(
@@ -442,19 +432,12 @@ async def test_a_store_with_records_by_id_gets_them_keyed_by_key_and_time(
     """Opening a store whose records table is keyed by record id alone (its schema before
     version 7) rebuilds it keyed by (key, time, id): every record kept, listings and exports
     unchanged, a record stored again still stored once."""
-    store = await UsageStore.open(store_url)
     batch = rows(120)
-    try:
+    async with _opened(store_url) as store:
         await store.insert(batch[:100])
         listing, _ = await store.records(RecordsQuery(key="key1", limit=1000))
         exported = [row async for chunk in store.export(ExportQuery()) for row in chunk]
-    except BaseException:
-        await store.aclose()
-        raise
-    store = await _reopened_after(
-        store,
-        store_url,
-        (
+        for statement in (
             "CREATE TABLE usage_records_old AS SELECT * FROM usage_records",
             "DROP TABLE usage_records",
             "ALTER TABLE usage_records_old RENAME TO usage_records",
@@ -462,9 +445,9 @@ async def test_a_store_with_records_by_id_gets_them_keyed_by_key_and_time(
             "CREATE INDEX usage_records_ts ON usage_records (ts_ms)",
             "CREATE INDEX usage_records_key_ts ON usage_records (key_id, ts_ms)",
             "DELETE FROM usage_schema WHERE version = 7",
-        ),
-    )
-    try:
+        ):
+            await store.run(statement)
+    async with _opened(store_url) as store:
         async with store.writer.connect() as conn:
             if store.dialect == "sqlite":
                 found = await conn.exec_driver_sql(
@@ -484,8 +467,6 @@ async def test_a_store_with_records_by_id_gets_them_keyed_by_key_and_time(
         assert [row async for chunk in store.export(ExportQuery()) for row in chunk] == exported
         assert await store.insert(batch) == 20  # the first 100 stored before: once
         assert await store.count() == 120
-    finally:
-        await store.aclose()
 
 
 async def test_postgresql_rollups_keep_room_on_their_pages_for_updates(store_url: str) -> None:
@@ -502,25 +483,16 @@ async def test_postgresql_rollups_keep_room_on_their_pages_for_updates(store_url
             )
             return {name: options for name, options in found}
 
-    store = await UsageStore.open(store_url)
-    try:
+    async with _opened(store_url) as store:
         created = await fillfactors(store)
         assert len(created) == 14 and all(o == ["fillfactor=70"] for o in created.values())
-    except BaseException:
-        await store.aclose()
-        raise
-    store = await _reopened_after(
-        store,
-        store_url,
-        (
+        for statement in (
             "ALTER TABLE usage_hour RESET (fillfactor)",
             "DELETE FROM usage_schema WHERE version = 8",
-        ),
-    )
-    try:
+        ):
+            await store.run(statement)
+    async with _opened(store_url) as store:
         assert await fillfactors(store) == created
-    finally:
-        await store.aclose()
 
 
 async def test_last_use_is_each_keys_latest_record(store_url: str) -> None:
