@@ -330,9 +330,7 @@ async def test_a_killed_node_fails_only_its_requests_in_flight(
             {"role": "user", "content": "?"},
         ]
         # a long answer forwarded to c; c dies while it streams
-        stream = await cluster.client("a").chat.completions.create(
-            model="deepseek-chat", messages=later, temperature=0, max_tokens=2000, stream=True
-        )
+        stream = await stream_placed_on(cluster, "a", "c", later)
         with pytest.raises(openai.APIError):
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -360,6 +358,26 @@ async def test_a_killed_node_fails_only_its_requests_in_flight(
             assert events[0] == "peer_joined" and events[-1] == last, seen
             assert all(x != y for x, y in itertools.pairwise(events)), seen
         assert set(seen) == {"a", "c"}, seen
+
+
+async def stream_placed_on(
+    cluster: Cluster, node: str, holder: str, messages: list[dict[str, str]]
+) -> Any:
+    """A long greedy stream through `node` that runs on `holder`. On a loaded machine a
+    placement may pass `holder` over (its liveness lapsed for a moment, or it looked
+    unreachable): such a stream is closed and the turn asked again, within a deadline."""
+    deadline = time.monotonic() + 60
+    while True:
+        raw = await cluster.client(node).chat.completions.with_raw_response.create(
+            model="deepseek-chat", messages=messages, temperature=0, max_tokens=2000, stream=True
+        )
+        stream = raw.parse()
+        where = placement(raw.headers)
+        if where[0] == holder:
+            return stream
+        await stream.close()
+        assert time.monotonic() < deadline, f"never placed on {holder}, last on {where}"
+        await asyncio.sleep(0.5)
 
 
 async def ask_when_redis_answers(cluster: Cluster, node: str, messages: Any) -> Any:
