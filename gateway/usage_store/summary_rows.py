@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from gateway.usage_store.queries import SummaryQuery
@@ -12,6 +13,7 @@ from gateway.usage_store.schema import LATENCY, TTFT
 from gateway.usage_store.sketch import quantiles
 
 
+@lru_cache(maxsize=4096)  # a summary's rows share a few hundred periods at most
 def _period(value: Any, interval: str | None) -> str | None:
     if interval is None:
         return None
