@@ -45,6 +45,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 from gateway.config.usage import UsageSettings  # noqa: E402
 from gateway.usage_store.consumer import UsageConsumer  # noqa: E402
 from gateway.usage_store.queries import ExportQuery, SummaryQuery  # noqa: E402
+from gateway.usage_store.schema import COUNTERS, SUMS, daily_key_model  # noqa: E402
 from gateway.usage_store.store import UsageStore  # noqa: E402
 
 KEYS, MODELS, DAYS = 1000, 20, 90
@@ -144,14 +145,13 @@ async def load(store: UsageStore, n: int) -> float:
 
 
 def raw_daily_rows(path: str, start: datetime) -> int:
-    """The 90-day daily summary by key and model's rows, without percentiles, as Python
-    tuples straight from sqlite3 (no grouping, no rows made): what any query path here must at
-    least spend on that answer."""
+    """The 90-day daily summary by key and model's rows, without percentiles (the columns that
+    summary reads), as Python tuples straight from sqlite3 (no grouping, no rows made): what
+    any query path here must at least spend on that answer."""
+    columns = ", ".join(("bucket", "key_id", "model", *COUNTERS, *SUMS))
     with contextlib.closing(sqlite3.connect(path)) as conn:
         found = conn.execute(
-            "SELECT bucket, key_id, model, requests, errors, prompt_tokens, cached_tokens, "
-            "completion_tokens, reasoning_tokens, cost FROM usage_day_key_model "
-            "WHERE bucket >= ? AND bucket < ?",
+            f"SELECT {columns} FROM {daily_key_model.name} WHERE bucket >= ? AND bucket < ?",
             (int(start.timestamp()), int(NOW.timestamp())),
         ).fetchall()
     return len(found)

@@ -43,8 +43,9 @@ class InsertSQL:
             marks = ", ".join("?" * len(RECORD_COLUMNS))
             self._records = f"INSERT INTO usage_records ({names}) VALUES ({marks})"
         self._rollups = {}
+        self._columns: dict[str, tuple[str, ...]] = {}  # each rollup's, in its statement's order
         for table, shape in ROLLUPS.items():
-            columns = ("bucket", *shape.dims, *shape.added)
+            columns = self._columns[table.name] = ("bucket", *shape.dims, *shape.added)
             cols = ", ".join(columns)
             keys = ", ".join(("bucket", *shape.dims))
             sets = ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in shape.added)
@@ -108,9 +109,9 @@ class InsertSQL:
         sql = self._rollups[table.name]
         if self.dialect == "postgresql":
             driver: Any = (await conn.get_raw_connection()).driver_connection
-            shape = ROLLUPS[table]
-            columns = ("bucket", *shape.dims, *shape.added)
-            await driver.copy_records_to_table(_stage(table), records=increments, columns=columns)
+            await driver.copy_records_to_table(
+                _stage(table), records=increments, columns=self._columns[table.name]
+            )
             await driver.execute(sql)
         else:
             await conn.exec_driver_sql(sql, [tuple(row) for row in increments])
