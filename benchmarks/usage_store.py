@@ -9,7 +9,7 @@
   - the store's size per million records.
 
     .venv/bin/python benchmarks/usage_store.py [--records 1000000] [--ingest 100000]
-        [--batch-size 10000] [--backends sqlite,postgresql] [--pg-url URL] [--sqlite-file FILE]
+        [--batch-size 25000] [--backends sqlite,postgresql] [--pg-url URL] [--sqlite-file FILE]
 
 `--sqlite-file` keeps the loaded SQLite store, so that a second run times the queries alone (a
 10-million-record load takes long; `--ingest 0` skips the ingest figure).

@@ -20,6 +20,7 @@ import contextlib
 import os
 import secrets
 import socket
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +37,7 @@ from gateway.usage_store.store import UsageStore
 log = structlog.get_logger("gateway.usage_store")
 
 Entry = tuple[Any, dict[Any, Any]]
-_FAILURES = (RedisError, SQLAlchemyError, OSError, asyncio.TimeoutError)
+_FAILURES = (RedisError, SQLAlchemyError, sqlite3.Error, OSError, asyncio.TimeoutError)
 _MAX_RETRY_S = 30.0
 # Consumers with nothing pending idle this long are removed from the group (dead processes').
 _FORGET_IDLE_MS = 86_400_000
@@ -66,7 +67,8 @@ class UsageConsumer:
         self._settings = settings
         self._local = local_providers
         self._own_pending = True  # read our own unacknowledged entries before new ones
-        self._ahead: tuple[list[Entry], list[dict[str, Any]]] | None = None  # read, not stored
+        # read and made into rows, not stored yet: the entries' ids and their rows
+        self._ahead: tuple[list[Any], list[dict[str, Any]]] | None = None
         self._stopping = asyncio.Event()
         self.stored = 0  # records this consumer stored (new to the store)
 
@@ -84,7 +86,7 @@ class UsageConsumer:
         handled."""
         batch = self._settings.batch_size
         if self._ahead is not None:
-            (entries, rows), self._ahead = self._ahead, None
+            (ids, rows), self._ahead = self._ahead, None
         else:
             entries = await self._claim(batch)
             if not entries and self._own_pending:
@@ -95,15 +97,20 @@ class UsageConsumer:
                 entries = await self._read(">", batch, wait)
             if not entries:
                 return 0
-            rows = self._rows(entries)
+            ids, rows = self._rows(entries)
         self._own_pending = True  # until acked: a failure below leaves them ours to retry
-        read_ahead = len(entries) >= batch and not self._stopping.is_set()
-        await self._store_and_ack(entries, rows, read_ahead)
-        self._own_pending = len(entries) >= batch
-        return len(entries)
+        read_ahead = len(ids) >= batch and not self._stopping.is_set()
+        await self._store_and_ack(ids, rows, read_ahead)
+        self._own_pending = len(ids) >= batch
+        return len(ids)
 
-    def _rows(self, entries: Sequence[Entry]) -> list[dict[str, Any]]:
-        return rows_of(entries, self._local)
+    def _rows(self, entries: list[Entry]) -> tuple[list[Any], list[dict[str, Any]]]:
+        """The entries' ids and rows; the entries' fields are let go (a batch holds its rows
+        and ids only)."""
+        rows = rows_of(entries, self._local)
+        ids = [entry_id for entry_id, _ in entries]
+        entries.clear()
+        return ids, rows
 
     async def _read(self, after: str, count: int, block_ms: int | None) -> list[Entry]:
         reply: Any = await self._redis.xreadgroup(
@@ -134,24 +141,24 @@ class UsageConsumer:
         return [(entry_id, fields) for entry_id, fields in entries if fields]
 
     async def _store_and_ack(
-        self, entries: Sequence[Entry], rows: list[dict[str, Any]], read_ahead: bool
+        self, ids: Sequence[Any], rows: list[dict[str, Any]], read_ahead: bool
     ) -> None:
         """Store, ack, trim; with `read_ahead`, the next new entries are read and made into
         rows while the store works (kept for the next step only if this one succeeds)."""
         storing = asyncio.ensure_future(self._store.insert(rows))
-        ahead: tuple[list[Entry], list[dict[str, Any]]] | None = None
+        ahead: tuple[list[Any], list[dict[str, Any]]] | None = None
         try:
             if read_ahead and (
                 entries_ahead := await self._read(">", self._settings.batch_size, None)
             ):
-                ahead = (entries_ahead, self._rows(entries_ahead))
+                ahead = self._rows(entries_ahead)
         except BaseException:
             await asyncio.wait([storing])  # never left running; the read's failure is raised
             if not storing.cancelled():
                 storing.exception()  # (retrieved: the batch stays pending either way)
             raise
         self.stored += await storing
-        await self._redis.xack(self.stream, self.group, *(entry_id for entry_id, _ in entries))
+        await self._redis.xack(self.stream, self.group, *ids)
         await self.trim()
         self._ahead = ahead
 

@@ -1,17 +1,17 @@
-"""From a usage stream entry to a `usage_records` row, and from rows to rollup increments."""
+"""From a usage stream entry to a `usage_records` row; rollup increments folded to a coarser
+grain (the schema's migrations fill monthly rollups from daily ones by it)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from itertools import islice
 from operator import add, itemgetter
 from typing import Any
 
 from gateway.usage_store.buckets import MONTH, bucket_start
-from gateway.usage_store.schema import ADDED, DIMENSIONS
-from gateway.usage_store.sketch import bucket_of
+from gateway.usage_store.schema import DIMENSIONS
 
 
 def _int(value: str | bytes | None) -> int:
@@ -58,43 +58,29 @@ _INT = (
     "reserved_tokens",
     "charged_tokens",
 )
-_FIELDS = ("ts", "provider", "cost", "latency_ms", "ttft_ms", *(c for c, _ in _TEXT), *_INT)
-_AS_TEXT = {name: name for name in _FIELDS}  # column -> field name, decoded fields
-_AS_BYTES = {name: name.encode() for name in _FIELDS}  # the same, the client's bytes
-
-
-def _str(value: str | None) -> str:
-    return value or ""
 
 
 def _decoded(value: bytes | None) -> str:
     return value.decode("utf-8", "replace") if value else ""
 
 
-def _row(
-    entry_id: str,
-    fields: Mapping[Any, Any],
-    names: Mapping[str, Any],
-    text: Callable[[Any], str],
-    local: frozenset[str],
-) -> dict[str, Any]:
-    """The row of one entry whose `fields` are named by `names` (column -> field name) and
-    read as text by `text` (numbers are read by `_int` and `_float`, from text or bytes)."""
+def _row(entry_id: str, fields: Mapping[str, str], local: frozenset[str]) -> dict[str, Any]:
+    """The row of one entry whose `fields` are text."""
     get = fields.get
-    provider = text(get(names["provider"]))
+    provider = get("provider") or ""
     row: dict[str, Any] = {
         "record_id": entry_id,
-        "ts_ms": _ts_ms(text(get(names["ts"])) or None, entry_id),
+        "ts_ms": _ts_ms(get("ts") or None, entry_id),
         "provider": provider[:100],
         "route": "" if not provider else ("local" if provider in local else "upstream"),
     }
     for column, longest in _TEXT:
-        row[column] = text(get(names[column]))[:longest]
+        row[column] = (get(column) or "")[:longest]
     for column in _INT:
-        row[column] = _int(get(names[column]))
-    row["cost"] = _float(get(names["cost"])) or 0.0
-    row["latency_ms"] = _float(get(names["latency_ms"])) or 0.0
-    row["ttft_ms"] = _float(get(names["ttft_ms"]))
+        row[column] = _int(get(column))
+    row["cost"] = _float(get("cost")) or 0.0
+    row["latency_ms"] = _float(get("latency_ms")) or 0.0
+    row["ttft_ms"] = _float(get("ttft_ms"))
     return row
 
 
@@ -105,7 +91,43 @@ def row_of(entry_id: str, fields: Mapping[str, str], local: frozenset[str]) -> d
     it), so that no record can stop the consumer."""
     if any("\x00" in value for value in fields.values()):
         fields = {k: v.replace("\x00", "") for k, v in fields.items()}
-    return _row(entry_id, fields, _AS_TEXT, _str, local)
+    return _row(entry_id, fields, local)
+
+
+# `rows_of`'s reading of the client's bytes: (column, field name as bytes, longest) for text,
+# (column, field name as bytes) for whole numbers.
+_TEXT_BYTES = tuple((column, column.encode(), longest) for column, longest in _TEXT)
+_INT_BYTES = tuple((column, column.encode()) for column in _INT)
+
+
+def _row_of_bytes(
+    entry_id: bytes, fields: Mapping[bytes, bytes], local: frozenset[str]
+) -> dict[str, Any]:
+    """`_row` for fields as the client's bytes (with no NUL in them), each decoded inline."""
+    get = fields.get
+    ident = entry_id.decode()
+    ts = get(b"ts")
+    provider = get(b"provider")
+    provider_text = provider.decode("utf-8", "replace") if provider else ""
+    row: dict[str, Any] = {
+        "record_id": ident,
+        "ts_ms": _ts_ms(ts.decode("utf-8", "replace") if ts else None, ident),
+        "provider": provider_text[:100],
+        "route": "" if not provider_text else ("local" if provider_text in local else "upstream"),
+    }
+    for column, field, longest in _TEXT_BYTES:
+        value = get(field)
+        row[column] = value.decode("utf-8", "replace")[:longest] if value else ""
+    for column, field in _INT_BYTES:
+        value = get(field)
+        try:
+            row[column] = int(value) if value else 0
+        except ValueError:
+            row[column] = _int(value)
+    row["cost"] = _float(get(b"cost")) or 0.0
+    row["latency_ms"] = _float(get(b"latency_ms")) or 0.0
+    row["ttft_ms"] = _float(get(b"ttft_ms"))
+    return row
 
 
 def rows_of(
@@ -118,76 +140,12 @@ def rows_of(
     for entry_id, fields in entries:
         if fields and isinstance(next(iter(fields)), bytes):
             if b"\x00" not in b"".join(fields.values()):
-                made.append(_row(entry_id.decode(), fields, _AS_BYTES, _decoded, local))
+                made.append(_row_of_bytes(entry_id, fields, local))
                 continue
             fields = {_decoded(k): _decoded(v) for k, v in fields.items()}
         ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
         made.append(row_of(ident, fields, local))
     return made
-
-
-def failed(row: Mapping[str, Any]) -> bool:
-    return bool(row["status"] >= 400 or row["error_code"])
-
-
-ROLLUP_COLUMNS = ("bucket", *DIMENSIONS, *ADDED)  # the order of `rollups`' values
-# Positions in ADDED (after the bucket and the dimensions).
-_AT = {name: i for i, name in enumerate(ADDED)}
-_REQUESTS, _ERRORS, _COST, _LAT_SUM = (
-    _AT[c] for c in ("requests", "errors", "cost", "latency_sum_ms")
-)
-_TTFT_COUNT, _TTFT_SUM = _AT["ttft_count"], _AT["ttft_sum_ms"]
-_LAT0, _TTFT0 = _AT["lat_0"], _AT["ttft_0"]
-_TOKENS = tuple(
-    (name, _AT[name])
-    for name in ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
-)
-
-
-Grain = tuple[int, tuple[str, ...], int]  # bucket seconds, dimensions, ADDED columns kept
-
-
-def rollups(
-    rows: Iterable[Mapping[str, Any]], bucket_s: int, dims: tuple[str, ...] = DIMENSIONS
-) -> list[list[Any]]:
-    """Rollup increments of `rows` in buckets of `bucket_s` seconds by the dimensions `dims`,
-    each a list of values in the order of `bucket`, `dims`, `ADDED` (`ROLLUP_COLUMNS` for every
-    dimension), sorted by primary key (so that concurrent writers lock rows in one order)."""
-    return rollups_at(rows, [(bucket_s, dims, len(ADDED))])[0]
-
-
-def rollups_at(rows: Iterable[Mapping[str, Any]], grains: Sequence[Grain]) -> list[list[list[Any]]]:
-    """`rollups` of `rows` at several grains in one pass over them: per grain (bucket seconds,
-    dimensions, how many of the leading ADDED columns: all, or the totals without the
-    histograms) its increments in the order of `bucket`, the dimensions, those columns."""
-    tables: list[dict[tuple[Any, ...], list[Any]]] = [{} for _ in grains]
-    for row in rows:
-        second = row["ts_ms"] // 1000
-        error = failed(row)
-        tokens = [(at, row[name]) for name, at in _TOKENS]
-        cost, latency, ttft = row["cost"], row["latency_ms"], row["ttft_ms"]
-        latency_at = _LAT0 + bucket_of(latency)
-        ttft_at = -1 if ttft is None else _TTFT0 + bucket_of(ttft)
-        for (bucket_s, dims, width), groups in zip(grains, tables, strict=True):
-            pk = (second // bucket_s * bucket_s, *[row[d] for d in dims])
-            group = groups.get(pk)
-            if group is None:
-                group = groups[pk] = [0] * width
-                group[_COST] = group[_LAT_SUM] = group[_TTFT_SUM] = 0.0
-            group[_REQUESTS] += 1
-            group[_ERRORS] += error
-            for at, n in tokens:
-                group[at] += n
-            group[_COST] += cost
-            group[_LAT_SUM] += latency
-            if width > _LAT0:
-                group[latency_at] += 1
-            if ttft is not None:
-                group[_TTFT_COUNT] += 1
-                group[_TTFT_SUM] += ttft
-                if width > _LAT0:
-                    group[ttft_at] += 1
-    return [[[*pk, *groups[pk]] for pk in sorted(groups)] for groups in tables]
 
 
 def coarser(
@@ -196,11 +154,10 @@ def coarser(
     dims: tuple[str, ...] = DIMENSIONS,
     source: tuple[str, ...] = DIMENSIONS,
 ) -> list[list[Any]]:
-    """`rollups` increments by the dimensions `source` (of buckets that divide `bucket_s`)
-    folded into buckets of `bucket_s` seconds (or MONTH) and the dimensions `dims` (of
-    `source`, in its order): what `rollups` of the same rows makes at that grain, without
-    reading them again (the daily rollups from the hourly ones). Values in the order of
-    `bucket`, `dims`, `ADDED`."""
+    """Rollup increments (`bucket`, the dimensions `source`, then added values) of buckets that
+    divide `bucket_s`, folded into buckets of `bucket_s` seconds (or MONTH) and the dimensions
+    `dims` (of `source`, in its order): what rolling the same rows up at that grain makes,
+    without reading them again. Values in the order of `bucket`, `dims`, the added ones."""
     groups: dict[tuple[Any, ...], list[Any]] = {}  # primary key -> the added values
     head = 1 + len(source)
     kept = [1 + source.index(d) for d in dims]

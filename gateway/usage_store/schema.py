@@ -235,16 +235,15 @@ ROLLUPS = {
     monthly_key_model: Rollup(MONTH, KEY_MODEL, TOTALS),
     monthly_all_keys: Rollup(MONTH, ALL_KEYS, TOTALS),
 }
-# How an insert makes each rollup's increments: these from the records, in one pass; every
-# other one folded from the increments of the rollup it names (finer, holding its dimensions),
-# in this order. Folding reads a batch's hourly groups, fewer than its records where traffic
-# repeats a key, model and status within the hour.
-FROM_RECORDS = (hourly,)
+# How an insert makes each rollup's increments (`rollup_sql.py`): these grouped from the batch's
+# records; every other one folded from the increments of the rollup it names (finer, holding
+# its dimensions), in this order. Folding reads a batch's hourly groups, fewer than its records
+# where traffic repeats a key, model and status within the hour.
+FROM_RECORDS = (hourly, daily)
 FOLDED_FROM = {
     hourly_all_keys: hourly,
     daily_key_model: hourly,
     hourly_key: hourly,
-    daily: hourly,
     daily_all_keys: hourly_all_keys,
     monthly_all_keys: daily_all_keys,
     hourly_model_provider: hourly_all_keys,

@@ -2,8 +2,10 @@
 
   - `insert(rows)`: stores rows idempotently by record id and, in the same transaction, adds
     the rows it had not stored before to the hourly and daily rollups (`schema.py`: keyed,
-    all-keys, by model and provider, by key, key x model); returns how many were new. Safe to
-    run from any number of processes at once.
+    all-keys, by model and provider, by key, key x model; made by the database,
+    `rollup_sql.py`); returns how many were new. Safe to run from any number of processes at
+    once. PostgreSQL's batches go through `insert_sql.py`, SQLite's through `sqlite_writer.py`
+    (a file's store: not `:memory:`).
   - `summary`, `records`, `export`: the admin API's reads; every summary is one statement on
     the narrowest rollups that answer it (`summary_sql.py`): by model and provider when the
     summary groups and filters by nothing else, by key alone or key x model without
@@ -24,7 +26,6 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     String,
-    Table,
     and_,
     delete,
     event,
@@ -40,45 +41,21 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from gateway.usage_store.buckets import DAY_S, MONTH, bucket_start
 from gateway.usage_store.export_sql import export_sql
-from gateway.usage_store.insert_sql import InsertSQL
+from gateway.usage_store.insert_sql import PostgresInsert
 from gateway.usage_store.queries import ExportQuery, Filters, RecordsQuery, SummaryQuery
-from gateway.usage_store.rows import Grain, coarser, rollups_at
-from gateway.usage_store.schema import (
-    FOLDED_FROM,
-    FROM_RECORDS,
-    ROLLUPS,
-    migrate,
-    records,
-)
+from gateway.usage_store.schema import ROLLUPS, migrate, records
+from gateway.usage_store.sqlite_writer import PRAGMAS, SqliteWriter
 from gateway.usage_store.summary_rows import summary_row
 from gateway.usage_store.summary_sql import Only, summary_statement
 
 _MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
-# What an insert rolls up from its rows in one pass (`schema.FROM_RECORDS`).
-_GRAINS: tuple[Grain, ...] = tuple(
-    (ROLLUPS[t].bucket_s, ROLLUPS[t].dims, len(ROLLUPS[t].added)) for t in FROM_RECORDS
-)
-
-
-def _increments(rows: Sequence[Mapping[str, Any]]) -> dict[Table, list[list[Any]]]:
-    """Every rollup's increments for `rows`: from the rows in one pass, or folded from another
-    rollup's increments (`schema.FOLDED_FROM`; a rollup of totals keeps the leading columns)."""
-    made = dict(zip(FROM_RECORDS, rollups_at(rows, _GRAINS), strict=True))
-    for table, source in FOLDED_FROM.items():
-        shape, finer = ROLLUPS[table], ROLLUPS[source]
-        width = 1 + len(finer.dims) + len(shape.added)
-        increments = made[source]
-        if len(shape.added) < len(finer.added):
-            increments = [increment[:width] for increment in increments]
-        made[table] = coarser(increments, shape.bucket_s, shape.dims, finer.dims)
-    return made
 
 
 def _sqlite_engines(url: str) -> tuple[AsyncEngine, AsyncEngine]:
     """A writer whose transactions take SQLite's write lock at BEGIN (a deferred one could
     fail to upgrade while another process writes), and a reader that never blocks writers."""
     database = make_url(url).database
-    if database and database != ":memory:":
+    if database:
         Path(database).parent.mkdir(parents=True, exist_ok=True)
 
     def build(begin: str) -> AsyncEngine:
@@ -88,14 +65,7 @@ def _sqlite_engines(url: str) -> tuple[AsyncEngine, AsyncEngine]:
         def _connect(dbapi: Any, _record: Any) -> None:
             dbapi.isolation_level = None  # transactions are begun below
             cursor = dbapi.cursor()
-            # cache_size: up to 64 MiB, taken as used: the pages a batch writes into (each
-            # key's latest records, each rollup's current hour and day) stay cached
-            for pragma in (
-                "journal_mode=WAL",
-                "synchronous=NORMAL",
-                "busy_timeout=30000",
-                "cache_size=-65536",
-            ):
+            for pragma in PRAGMAS:
                 cursor.execute(f"PRAGMA {pragma}")
             cursor.close()
 
@@ -109,19 +79,25 @@ def _sqlite_engines(url: str) -> tuple[AsyncEngine, AsyncEngine]:
 
 
 class UsageStore:
-    def __init__(self, writer: AsyncEngine, reader: AsyncEngine) -> None:
+    def __init__(
+        self, writer: AsyncEngine, reader: AsyncEngine, sqlite: SqliteWriter | None = None
+    ) -> None:
         self._writer, self._reader = writer, reader
         self.dialect = writer.dialect.name
-        self._sql = InsertSQL(self.dialect)
+        self._sqlite = sqlite  # SQLite's insert path; PostgreSQL's:
+        self._postgres = PostgresInsert()
 
     @classmethod
     async def open(cls, url: str) -> UsageStore:
         if make_url(url).get_backend_name() == "sqlite":
+            path = make_url(url).database
+            if not path or path == ":memory:":
+                raise ValueError(f"the SQLite usage store needs a file: {url}")
             writer, reader = _sqlite_engines(url)
+            store = cls(writer, reader, SqliteWriter(path))
         else:
             writer = create_async_engine(url, pool_pre_ping=True)
-            reader = writer
-        store = cls(writer, reader)
+            store = cls(writer, writer)
         try:
             await store._migrate()
         except BaseException:
@@ -136,6 +112,8 @@ class UsageStore:
             await conn.run_sync(migrate, int(time.time() * 1000))
 
     async def aclose(self) -> None:
+        if self._sqlite is not None:
+            await self._sqlite.aclose()
         await self._writer.dispose()
         if self._reader is not self._writer:
             await self._reader.dispose()
@@ -146,13 +124,10 @@ class UsageStore:
         unique = list({row["record_id"]: row for row in rows}.values())
         if not unique:
             return 0
+        if self._sqlite is not None:
+            return await self._sqlite.insert(unique)
         async with self._writer.begin() as conn:
-            new = await self._sql.insert_records(conn, unique)
-            fresh = [row for row in unique if row["record_id"] in new]
-            if fresh:
-                for table, increments in _increments(fresh).items():
-                    await self._sql.add_rollups(conn, table, increments)
-        return len(fresh)
+            return await self._postgres.insert(conn, unique)
 
     async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
         """Delete raw rows older than `retention_days`, and the rollups of the UTC months that

@@ -11,13 +11,15 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import select
 
 from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
 from gateway.usage_store.rows import row_of
-from gateway.usage_store.schema import RECORD_COLUMNS
+from gateway.usage_store.schema import RECORD_COLUMNS, ROLLUPS
 from gateway.usage_store.sketch import ERROR_BOUND
 from gateway.usage_store.store import UsageStore
 from gateway.usage_store.summary_sql import summary_statement
+from tests.support.reference_rollups import rollups
 from tests.support.usage_records import stream_fields
 
 DAY0 = datetime(2026, 3, 30, tzinfo=UTC).timestamp()  # 2026-03-30, two days before April
@@ -166,6 +168,24 @@ async def test_summaries_without_the_key_read_what_the_keyed_rollups_add_up_to(
         assert sum(r["requests"] for r in one_key) == sum(1 for i in range(700) if i % 3 == 1)
     finally:
         await store.aclose()
+
+
+async def test_every_rollup_holds_what_its_rows_roll_up_to(store_url: str) -> None:
+    """Each rollup, made by the database from batches that overlap (each row stored once),
+    holds the reference's rollups of the rows at its grain (hours to months, across a month's
+    end) and dimensions."""
+    batch = _varied(700)
+    async with _opened(store_url) as store:
+        assert await store.insert(batch[:450]) == 450
+        assert await store.insert(batch[300:]) == 250
+        async with store.writer.connect() as conn:
+            for table, shape in ROLLUPS.items():
+                width = 1 + len(shape.dims)
+                read = select(*(table.c[c] for c in ("bucket", *shape.dims, *shape.added)))
+                got = sorted(list(row) for row in await conn.execute(read))
+                want = rollups(batch, shape.bucket_s, shape.dims, shape.added)
+                assert [r[:width] for r in got] == [r[:width] for r in want], table.name
+                assert got == [pytest.approx(r) for r in want], table.name
 
 
 async def test_summaries_by_key_and_model_without_percentiles_read_as_with_them(
@@ -611,3 +631,9 @@ async def test_any_stream_entry_is_storable(store_url: str) -> None:
         assert row["ttft_ms"] is None and row["latency_ms"] == 0.0
     finally:
         await store.aclose()
+
+
+@pytest.mark.parametrize("url", ["sqlite+aiosqlite:///:memory:", "sqlite+aiosqlite://"])
+async def test_a_sqlite_store_without_a_file_is_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="needs a file"):
+        await UsageStore.open(url)

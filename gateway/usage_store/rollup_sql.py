@@ -1,0 +1,120 @@
+"""The rollups, made by the database from a batch's staged records.
+
+A batch's new records are staged (a temporary table of their columns and their latency and
+TTFT histogram buckets, `STAGED_COLUMNS`). The increments of `schema.FROM_RECORDS` are grouped
+from them, each other rollup's folded from a finer rollup's staged increments
+(`schema.FOLDED_FROM`), each into the rollup's own staging table; then each rollup adds its
+staged increments in one upsert, in key order (concurrent writers lock rows in one order).
+
+The histogram buckets are read in Python (`sketch.bucket_of`, exact at the buckets' edges);
+the rest is SQL the same on SQLite and PostgreSQL but for a month's start and PostgreSQL's
+sums of bigints (numeric, cast back)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Table
+
+from gateway.usage_store.buckets import MONTH
+from gateway.usage_store.schema import (
+    COUNTERS,
+    FOLDED_FROM,
+    FROM_RECORDS,
+    LATENCY,
+    RECORD_COLUMNS,
+    ROLLUPS,
+    TTFT,
+    records,
+)
+
+# A staged record's columns: the record's, then its latency and TTFT buckets (-1: no TTFT).
+STAGED_COLUMNS = (*RECORD_COLUMNS, "lat_b", "ttft_b")
+
+
+def stage(table: Table) -> str:
+    """The name of `table`'s staging table (temporary: the connection's own)."""
+    return f"usage_stage_{table.name.removeprefix('usage_')}"
+
+
+def columns(table: Table) -> tuple[str, ...]:
+    """A rollup's columns, in its staging table's and its upsert's order."""
+    shape = ROLLUPS[table]
+    return ("bucket", *shape.dims, *shape.added)
+
+
+def _bucket(dialect: str, seconds: str, bucket_s: int) -> str:
+    """The start of the bucket of `bucket_s` seconds (or of the UTC month) that holds the
+    epoch second `seconds` (an integer expression)."""
+    if bucket_s != MONTH:
+        return f"{seconds} / {bucket_s} * {bucket_s}"
+    if dialect == "postgresql":
+        return (
+            f"CAST(extract(epoch FROM date_trunc('month', to_timestamp({seconds}), 'UTC'))"
+            " AS bigint)"
+        )
+    return f"unixepoch({seconds}, 'unixepoch', 'start of month')"
+
+
+def _sum(dialect: str, column: str, of: str | None = None) -> str:
+    """The sum of `of` (default: `column`), as `column`'s type: PostgreSQL sums bigints as
+    numeric, cast back (no batch comes near the range's end)."""
+    total = f"sum({of or column})"
+    return f"CAST({total} AS bigint)" if dialect == "postgresql" and column in COUNTERS else total
+
+
+def from_records(dialect: str, table: Table) -> str:
+    """A SELECT of `table`'s increments grouped from the staged records (`columns` order)."""
+    shape = ROLLUPS[table]
+    made = {
+        "requests": "count(*)",
+        "errors": "count(*) FILTER (WHERE status >= 400 OR error_code <> '')",
+        **{c: _sum(dialect, c) for c in COUNTERS if c.endswith("_tokens")},
+        "ttft_count": "count(ttft_ms)",
+        "cost": "sum(cost)",
+        "latency_sum_ms": "sum(latency_ms)",
+        "ttft_sum_ms": "coalesce(sum(ttft_ms), 0)",
+        **{c: f"count(*) FILTER (WHERE lat_b = {i})" for i, c in enumerate(LATENCY)},
+        **{c: f"count(*) FILTER (WHERE ttft_b = {i})" for i, c in enumerate(TTFT)},
+    }
+    keys = "".join(f", {d}" for d in shape.dims)
+    values = ", ".join(made[c] for c in shape.added)
+    bucket = _bucket(dialect, "ts_ms / 1000", shape.bucket_s)
+    return f"SELECT {bucket} AS bucket{keys}, {values} FROM {stage(records)} GROUP BY 1{keys}"
+
+
+def folded(dialect: str, table: Table) -> str:
+    """A SELECT of `table`'s increments folded from its source's staged increments."""
+    shape, source = ROLLUPS[table], FOLDED_FROM[table]
+    keys = "".join(f", {d}" for d in shape.dims)
+    sums = ", ".join(_sum(dialect, c) for c in shape.added)
+    bucket = _bucket(dialect, "bucket", shape.bucket_s)
+    return f"SELECT {bucket} AS bucket{keys}, {sums} FROM {stage(source)} GROUP BY 1{keys}"
+
+
+def upsert(table: Table, increments: str) -> str:
+    """Add the increments (a SELECT in `columns` order) to `table`, in key order."""
+    shape = ROLLUPS[table]
+    cols = ", ".join(columns(table))
+    keys = ", ".join(("bucket", *shape.dims))
+    sets = ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in shape.added)
+    return (
+        f"INSERT INTO {table.name} ({cols}) SELECT * FROM ({increments}) AS increments "
+        f"ORDER BY {keys} ON CONFLICT ({keys}) DO UPDATE SET {sets}"
+    )
+
+
+# The rollups others fold from: their increments are staged (the rest go straight in).
+FOLD_SOURCES = tuple(dict.fromkeys(FOLDED_FROM.values()))
+
+
+def rollup_statements(dialect: str) -> list[str]:
+    """The statements that add the staged records to every rollup, in order: each fold's
+    source staged before what folds from it, then every rollup's upsert."""
+    made = {t: from_records(dialect, t) for t in FROM_RECORDS}
+    made |= {t: folded(dialect, t) for t in FOLDED_FROM}
+    staged = [t for t in made if t in FOLD_SOURCES]
+    statements = [f"INSERT INTO {stage(t)} ({', '.join(columns(t))}) {made[t]}" for t in staged]
+    for table, increments in made.items():
+        if table in FOLD_SOURCES:  # (a staging table's columns are in its rollup's order)
+            increments = f"SELECT {', '.join(columns(table))} FROM {stage(table)}"
+        statements.append(upsert(table, increments))
+    return statements
