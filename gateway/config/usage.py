@@ -43,8 +43,8 @@ class UsageSettings(BaseModel):
         gt=0,
         le=100_000,
         description="Most records per read and transaction (a backlog drains in batches this "
-        "large: each rollup row is written once a batch; about 2 KiB of memory per record "
-        "stored, 4 while read).",
+        "large: each rollup row is written once a batch; about 2 KiB of memory per record of "
+        "a batch, two batches while the next is read).",
     )
     block_ms: int = Field(
         default=1000, gt=0, description="How long one read waits for new records."

@@ -10,7 +10,9 @@ between the commit and the ack stores nothing twice.
 
 While a full batch is being stored (the database works in its own thread or server), the next
 new entries are read and made into rows (a backlog drains at the pace of the slower of the
-two, not of both added up); they are stored by the next step, or before `run` returns.
+two, not of both added up); they are stored by the next step, or before `run` returns. A batch
+is read a chunk at a time, each chunk's stream fields let go once made into rows, so a batch
+holds its rows and ids (about 2 KiB a record), not its entries as well.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ _FAILURES = (RedisError, SQLAlchemyError, sqlite3.Error, OSError, asyncio.Timeou
 _MAX_RETRY_S = 30.0
 # Consumers with nothing pending idle this long are removed from the group (dead processes').
 _FORGET_IDLE_MS = 86_400_000
+_READ_CHUNK = 5_000  # entries a read asks for: a batch is read in chunks of this many
 
 
 def _next_id(entry_id: str) -> str:
@@ -88,16 +91,15 @@ class UsageConsumer:
         if self._ahead is not None:
             (ids, rows), self._ahead = self._ahead, None
         else:
-            entries = await self._claim(batch)
-            if not entries and self._own_pending:
-                entries = await self._read("0", batch, None)
-                self._own_pending = bool(entries)
-            if not entries and not self._own_pending:
+            ids, rows = self._rows(await self._claim(batch))
+            if not ids and self._own_pending:
+                ids, rows = await self._read_rows("0", batch, None)
+                self._own_pending = bool(ids)
+            if not ids and not self._own_pending:
                 wait = self._settings.block_ms if block_ms is None else block_ms
-                entries = await self._read(">", batch, wait)
-            if not entries:
+                ids, rows = await self._read_rows(">", batch, wait)
+            if not ids:
                 return 0
-            ids, rows = self._rows(entries)
         self._own_pending = True  # until acked: a failure below leaves them ours to retry
         read_ahead = len(ids) >= batch and not self._stopping.is_set()
         await self._store_and_ack(ids, rows, read_ahead)
@@ -110,6 +112,28 @@ class UsageConsumer:
         rows = rows_of(entries, self._local)
         ids = [entry_id for entry_id, _ in entries]
         entries.clear()
+        return ids, rows
+
+    async def _read_rows(
+        self, after: str, count: int, block_ms: int | None
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        """Up to `count` entries after `after` ("0": our pending ones; ">": new ones) as their
+        ids and rows, read `_READ_CHUNK` at a time, each chunk's fields let go once made into
+        rows (a batch's fields are the larger part of it); only the first read waits."""
+        ids: list[Any] = []
+        rows: list[dict[str, Any]] = []
+        while len(ids) < count:
+            want = min(_READ_CHUNK, count - len(ids))
+            entries = await self._read(after, want, None if ids else block_ms)
+            got = len(entries)
+            if got:
+                if after != ">":
+                    after = entries[-1][0]  # (pending ones: re-read from the start)
+                more_ids, more_rows = self._rows(entries)
+                ids += more_ids
+                rows += more_rows
+            if got < want:
+                break
         return ids, rows
 
     async def _read(self, after: str, count: int, block_ms: int | None) -> list[Entry]:
@@ -148,10 +172,10 @@ class UsageConsumer:
         storing = asyncio.ensure_future(self._store.insert(rows))
         ahead: tuple[list[Any], list[dict[str, Any]]] | None = None
         try:
-            if read_ahead and (
-                entries_ahead := await self._read(">", self._settings.batch_size, None)
-            ):
-                ahead = self._rows(entries_ahead)
+            if read_ahead:
+                ahead = await self._read_rows(">", self._settings.batch_size, None)
+                if not ahead[0]:
+                    ahead = None
         except BaseException:
             await asyncio.wait([storing])  # never left running; the read's failure is raised
             if not storing.cancelled():

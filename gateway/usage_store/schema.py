@@ -239,9 +239,10 @@ ROLLUPS = {
 # records; every other one folded from the increments of the rollup it names (finer, holding
 # its dimensions), in this order. Folding reads a batch's hourly groups, fewer than its records
 # where traffic repeats a key, model and status within the hour.
-FROM_RECORDS = (hourly, daily)
+FROM_RECORDS = (hourly,)
 FOLDED_FROM = {
     hourly_all_keys: hourly,
+    daily: hourly,
     daily_key_model: hourly,
     hourly_key: hourly,
     daily_all_keys: hourly_all_keys,

@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 
 from gateway.config.usage import UsageSettings
 from gateway.keys.store import text
+from gateway.usage_store import consumer as consumer_module
 from gateway.usage_store.consumer import UsageConsumer
 from gateway.usage_store.queries import ExportQuery, SummaryQuery
 from gateway.usage_store.rows import row_of
@@ -119,6 +120,32 @@ async def test_a_full_batch_reads_the_next_while_stored_and_stop_stores_it(
         await redis.delete(stream)
 
 
+async def test_batches_read_in_chunks_store_each_record_once(
+    store_url: str, redis: Redis, stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch is read a chunk at a time, new entries and a restarted consumer's pending ones
+    (read on from the last of each chunk): every record stored once."""
+    monkeypatch.setattr(consumer_module, "_READ_CHUNK", 30)
+    store = await UsageStore.open(store_url)
+    try:
+        added = await add(redis, stream, 250)
+        first = consumer(redis, store, stream)
+        await first.ensure_group()
+        assert await first.step() == 100  # and the next 100 read ahead: pending, not stored
+        assert (await redis.xpending(stream, SETTINGS.group))["pending"] == 100
+        again = consumer(redis, store, stream)
+        again.name = first.name  # the same consumer, restarted: its pending ones first
+        assert await again.step() == 100
+        assert again.stored == 100
+        while await again.step(block_ms=10):
+            pass
+        await reconcile(store, added)
+        assert await redis.xlen(stream) == 0
+    finally:
+        await store.aclose()
+        await redis.delete(stream)
+
+
 async def test_an_entry_that_is_not_utf8_is_stored_not_stuck(
     store_url: str, redis: Redis, stream: str
 ) -> None:
@@ -172,6 +199,7 @@ _CHILD = """
 import asyncio, sys
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from gateway.usage_store import consumer as consumer_module
 from gateway.usage_store.consumer import UsageConsumer
 from gateway.config.usage import UsageSettings
 from gateway.usage_store.store import UsageStore
