@@ -82,23 +82,33 @@ def from_records(dialect: str, table: Table) -> str:
 
 
 def folded(dialect: str, table: Table) -> str:
-    """A SELECT of `table`'s increments folded from its source's staged increments."""
+    """A SELECT of `table`'s increments folded from its source's staged increments: grouped on
+    PostgreSQL; on SQLite each source row as it is, its bucket and dimensions at `table`'s
+    grain (SQLite's upsert adds up the rows that share a key, at a third of what its sum() of
+    each column costs; PostgreSQL's upsert may not touch a row twice in one statement)."""
     shape, source = ROLLUPS[table], FOLDED_FROM[table]
     keys = "".join(f", {d}" for d in shape.dims)
-    sums = ", ".join(_sum(dialect, c) for c in shape.added)
     bucket = _bucket(dialect, "bucket", shape.bucket_s)
+    if dialect == "sqlite":
+        return f"SELECT {bucket} AS bucket{keys}, {', '.join(shape.added)} FROM {stage(source)}"
+    sums = ", ".join(_sum(dialect, c) for c in shape.added)
     return f"SELECT {bucket} AS bucket{keys}, {sums} FROM {stage(source)} GROUP BY 1{keys}"
 
 
-def upsert(table: Table, increments: str) -> str:
-    """Add the increments (a SELECT in `columns` order) to `table`, in key order."""
+def upsert(dialect: str, table: Table, increments: str, into: str | None = None) -> str:
+    """Add the increments (a SELECT in `columns` order) to `table` (or to `into`, a table of
+    its shape and key): on PostgreSQL in key order (concurrent writers lock rows in one
+    order); SQLite has one writer at a time."""
     shape = ROLLUPS[table]
+    into = into or table.name
     cols = ", ".join(columns(table))
     keys = ", ".join(("bucket", *shape.dims))
-    sets = ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in shape.added)
+    sets = ", ".join(f"{c} = {into}.{c} + excluded.{c}" for c in shape.added)
+    # (SQLite: an upsert's SELECT ends in a WHERE, lest ON read as a join's)
+    order = f"ORDER BY {keys}" if dialect == "postgresql" else "WHERE true"
     return (
-        f"INSERT INTO {table.name} ({cols}) SELECT * FROM ({increments}) AS increments "
-        f"ORDER BY {keys} ON CONFLICT ({keys}) DO UPDATE SET {sets}"
+        f"INSERT INTO {into} ({cols}) SELECT * FROM ({increments}) AS increments {order} "
+        f"ON CONFLICT ({keys}) DO UPDATE SET {sets}"
     )
 
 
@@ -108,13 +118,20 @@ FOLD_SOURCES = tuple(dict.fromkeys(FOLDED_FROM.values()))
 
 def rollup_statements(dialect: str) -> list[str]:
     """The statements that add the staged records to every rollup, in order: each fold's
-    source staged before what folds from it, then every rollup's upsert."""
+    source staged before what folds from it (on SQLite by upsert: its staging tables are keyed
+    as their rollups), then every rollup's upsert."""
     made = {t: from_records(dialect, t) for t in FROM_RECORDS}
     made |= {t: folded(dialect, t) for t in FOLDED_FROM}
-    staged = [t for t in made if t in FOLD_SOURCES]
-    statements = [f"INSERT INTO {stage(t)} ({', '.join(columns(t))}) {made[t]}" for t in staged]
+    statements = []
+    for table in (t for t in made if t in FOLD_SOURCES):
+        if dialect == "sqlite":
+            statements.append(upsert(dialect, table, made[table], into=stage(table)))
+        else:
+            statements.append(
+                f"INSERT INTO {stage(table)} ({', '.join(columns(table))}) {made[table]}"
+            )
     for table, increments in made.items():
         if table in FOLD_SOURCES:  # (a staging table's columns are in its rollup's order)
             increments = f"SELECT {', '.join(columns(table))} FROM {stage(table)}"
-        statements.append(upsert(table, increments))
+        statements.append(upsert(dialect, table, increments))
     return statements

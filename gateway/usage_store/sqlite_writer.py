@@ -29,7 +29,7 @@ from gateway.usage_store.rollup_sql import (
     rollup_statements,
     stage,
 )
-from gateway.usage_store.schema import RECORD_COLUMNS, records
+from gateway.usage_store.schema import RECORD_COLUMNS, ROLLUPS, records
 
 # Every connection's: cache_size: up to 64 MiB, taken as used: the pages a batch writes into
 # (each key's latest records, each rollup's current hour and day) stay cached.
@@ -69,8 +69,12 @@ class SqliteWriter:
         for pragma in (*PRAGMAS, "temp_store=MEMORY"):
             conn.execute(f"PRAGMA {pragma}")
         conn.execute(f"CREATE TEMP TABLE {stage(records)} ({', '.join(STAGED_COLUMNS)})")
-        for table in FOLD_SOURCES:
-            conn.execute(f"CREATE TEMP TABLE {stage(table)} ({', '.join(columns(table))})")
+        for table in FOLD_SOURCES:  # keyed as their rollups: folds add to them by upsert
+            key = ", ".join(("bucket", *ROLLUPS[table].dims))
+            conn.execute(
+                f"CREATE TEMP TABLE {stage(table)} ({', '.join(columns(table))}, "
+                f"PRIMARY KEY ({key}))"
+            )
         self._per_statement = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(
             STAGED_COLUMNS
         )
