@@ -41,6 +41,7 @@ class SqliteWriter:
         self._path = path
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="usage-sqlite")
         self._conn: sqlite3.Connection | None = None  # made and used in the thread only
+        self._closed = False
         self._per_statement = 0  # staged rows per INSERT (SQLite's limit on parameters)
         self._values: dict[int, str] = {}  # rows -> the staging INSERT of that many rows
         names = ", ".join(RECORD_COLUMNS)
@@ -61,6 +62,10 @@ class SqliteWriter:
         return await loop.run_in_executor(self._thread, self._insert, values, len(rows))
 
     async def aclose(self) -> None:
+        """Close the connection (after the batch under way) and end the thread; again: a no-op."""
+        if self._closed:
+            return
+        self._closed = True
         await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
         self._thread.shutdown(wait=False)
 

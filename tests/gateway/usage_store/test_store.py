@@ -637,3 +637,10 @@ async def test_any_stream_entry_is_storable(store_url: str) -> None:
 async def test_a_sqlite_store_without_a_file_is_refused(url: str) -> None:
     with pytest.raises(ValueError, match="needs a file"):
         await UsageStore.open(url)
+
+
+async def test_a_store_closed_twice_closes_once(store_url: str) -> None:
+    store = await UsageStore.open(store_url)
+    await store.insert(rows(3))
+    await store.aclose()
+    await store.aclose()
