@@ -8,32 +8,25 @@ emptied at commit."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from operator import itemgetter
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.usage_store.rollup_sql import FOLD_SOURCES, STAGED_COLUMNS, rollup_statements, stage
+from gateway.usage_store.rollup_sql import (
+    FOLD_SOURCES,
+    STAGED_COLUMNS,
+    rollup_statements,
+    stage,
+    staged,
+)
 from gateway.usage_store.schema import RECORD_COLUMNS, records
-from gateway.usage_store.sketch import bucket_of
-
-_record_values = itemgetter(*RECORD_COLUMNS)  # a row's values in the order of RECORD_COLUMNS
 
 
-def staged(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """A row's values in the order of `STAGED_COLUMNS`."""
-    ttft = row["ttft_ms"]
-    return (
-        *_record_values(row),
-        bucket_of(row["latency_ms"]),
-        -1 if ttft is None else bucket_of(ttft),
-    )
+class PostgresWriter:
+    """A batch's records and rollups, stored in one transaction of `engine`."""
 
-
-class PostgresInsert:
-    """A batch's records and rollups, stored in the caller's transaction."""
-
-    def __init__(self) -> None:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
         names = ", ".join(RECORD_COLUMNS)
         into = stage(records)
         self._script = "; ".join(
@@ -59,15 +52,19 @@ class PostgresInsert:
         )
         self._made = f"SELECT to_regclass('pg_temp.{into}') IS NOT NULL"
 
-    async def insert(self, conn: AsyncConnection, rows: Sequence[Mapping[str, Any]]) -> int:
+    async def insert(self, rows: Sequence[Mapping[str, Any]]) -> int:
         """Store `rows` (unique by record id) not stored yet, and roll them up; how many were
         new."""
-        found = await conn.exec_driver_sql(self._made)  # (which begins the transaction)
-        driver: Any = (await conn.get_raw_connection()).driver_connection
-        if not found.scalar():
-            await driver.execute(self._staging)
-        await driver.copy_records_to_table(
-            stage(records), records=map(staged, rows), columns=STAGED_COLUMNS
-        )
-        await driver.execute(self._script)
-        return int(await driver.fetchval(self._fresh))
+        async with self._engine.begin() as conn:
+            found = await conn.exec_driver_sql(self._made)  # (which begins the transaction)
+            driver: Any = (await conn.get_raw_connection()).driver_connection
+            if not found.scalar():
+                await driver.execute(self._staging)
+            await driver.copy_records_to_table(
+                stage(records), records=map(staged, rows), columns=STAGED_COLUMNS
+            )
+            await driver.execute(self._script)
+            return int(await driver.fetchval(self._fresh))
+
+    async def aclose(self) -> None:
+        """Nothing of its own to close (the store disposes of the engine)."""

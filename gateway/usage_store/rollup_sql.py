@@ -12,6 +12,10 @@ sums of bigints (numeric, cast back)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from operator import itemgetter
+from typing import Any
+
 from sqlalchemy import Table
 
 from gateway.usage_store.buckets import MONTH
@@ -25,9 +29,21 @@ from gateway.usage_store.schema import (
     TTFT,
     records,
 )
+from gateway.usage_store.sketch import bucket_of
 
 # A staged record's columns: the record's, then its latency and TTFT buckets (-1: no TTFT).
 STAGED_COLUMNS = (*RECORD_COLUMNS, "lat_b", "ttft_b")
+_record_values = itemgetter(*RECORD_COLUMNS)
+
+
+def staged(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A row's values in the order of `STAGED_COLUMNS`."""
+    ttft = row["ttft_ms"]
+    return (
+        *_record_values(row),
+        bucket_of(row["latency_ms"]),
+        -1 if ttft is None else bucket_of(ttft),
+    )
 
 
 def stage(table: Table) -> str:
@@ -54,10 +70,10 @@ def _bucket(dialect: str, seconds: str, bucket_s: int) -> str:
     return f"unixepoch({seconds}, 'unixepoch', 'start of month')"
 
 
-def _sum(dialect: str, column: str, of: str | None = None) -> str:
-    """The sum of `of` (default: `column`), as `column`'s type: PostgreSQL sums bigints as
-    numeric, cast back (no batch comes near the range's end)."""
-    total = f"sum({of or column})"
+def _sum(dialect: str, column: str) -> str:
+    """The sum of `column`, as its type: PostgreSQL sums bigints as numeric, cast back (no
+    batch comes near the range's end)."""
+    total = f"sum({column})"
     return f"CAST({total} AS bigint)" if dialect == "postgresql" and column in COUNTERS else total
 
 

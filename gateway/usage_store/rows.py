@@ -64,46 +64,15 @@ def _decoded(value: bytes | None) -> str:
     return value.decode("utf-8", "replace") if value else ""
 
 
-def _row(entry_id: str, fields: Mapping[str, str], local: frozenset[str]) -> dict[str, Any]:
-    """The row of one entry whose `fields` are text."""
-    get = fields.get
-    provider = get("provider") or ""
-    row: dict[str, Any] = {
-        "record_id": entry_id,
-        "ts_ms": _ts_ms(get("ts") or None, entry_id),
-        "provider": provider[:100],
-        "route": "" if not provider else ("local" if provider in local else "upstream"),
-    }
-    for column, longest in _TEXT:
-        row[column] = (get(column) or "")[:longest]
-    for column in _INT:
-        row[column] = _int(get(column))
-    row["cost"] = _float(get("cost")) or 0.0
-    row["latency_ms"] = _float(get("latency_ms")) or 0.0
-    row["ttft_ms"] = _float(get("ttft_ms"))
-    return row
-
-
-def row_of(entry_id: str, fields: Mapping[str, str], local: frozenset[str]) -> dict[str, Any]:
-    """The row for stream entry `entry_id` (its `fields` decoded); `local`: the names of the
-    local engine's providers (their route is "local", any other provider's "upstream").
-    Any entry makes a storable row (text cut to its column, NUL removed: PostgreSQL refuses
-    it), so that no record can stop the consumer."""
-    if any("\x00" in value for value in fields.values()):
-        fields = {k: v.replace("\x00", "") for k, v in fields.items()}
-    return _row(entry_id, fields, local)
-
-
-# `rows_of`'s reading of the client's bytes: (column, field name as bytes, longest) for text,
+# `_row`'s reading of the fields: (column, field name as bytes, longest) for text,
 # (column, field name as bytes) for whole numbers.
 _TEXT_BYTES = tuple((column, column.encode(), longest) for column, longest in _TEXT)
 _INT_BYTES = tuple((column, column.encode()) for column in _INT)
 
 
-def _row_of_bytes(
-    entry_id: bytes, fields: Mapping[bytes, bytes], local: frozenset[str]
-) -> dict[str, Any]:
-    """`_row` for fields as the client's bytes (with no NUL in them), each decoded inline."""
+def _row(entry_id: bytes, fields: Mapping[bytes, bytes], local: frozenset[str]) -> dict[str, Any]:
+    """The row of one entry whose id and fields are the client's bytes (with no NUL in them),
+    each field decoded inline."""
     get = fields.get
     ident = entry_id.decode()
     ts = get(b"ts")
@@ -130,6 +99,18 @@ def _row_of_bytes(
     return row
 
 
+def row_of(entry_id: str, fields: Mapping[str, str], local: frozenset[str]) -> dict[str, Any]:
+    """The row for stream entry `entry_id` (its `fields` decoded); `local`: the names of the
+    local engine's providers (their route is "local", any other provider's "upstream").
+    Any entry makes a storable row (text cut to its column, NUL removed: PostgreSQL refuses
+    it), so that no record can stop the consumer."""
+    encoded = {
+        name.encode(): value.replace("\x00", "").encode("utf-8", "surrogatepass")
+        for name, value in fields.items()
+    }
+    return _row(entry_id.encode(), encoded, local)
+
+
 def rows_of(
     entries: Iterable[tuple[Any, Mapping[Any, Any]]], local: frozenset[str]
 ) -> list[dict[str, Any]]:
@@ -140,7 +121,7 @@ def rows_of(
     for entry_id, fields in entries:
         if fields and isinstance(next(iter(fields)), bytes):
             if b"\x00" not in b"".join(fields.values()):
-                made.append(_row_of_bytes(entry_id, fields, local))
+                made.append(_row(entry_id, fields, local))
                 continue
             fields = {_decoded(k): _decoded(v) for k, v in fields.items()}
         ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id

@@ -21,13 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from typing import Any
 
-from gateway.usage_store.insert_sql import staged
 from gateway.usage_store.rollup_sql import (
     FOLD_SOURCES,
     STAGED_COLUMNS,
     columns,
     rollup_statements,
     stage,
+    staged,
 )
 from gateway.usage_store.schema import RECORD_COLUMNS, ROLLUPS, records
 

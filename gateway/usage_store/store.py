@@ -41,7 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from gateway.usage_store.buckets import DAY_S, MONTH, bucket_start
 from gateway.usage_store.export_sql import export_sql
-from gateway.usage_store.insert_sql import PostgresInsert
+from gateway.usage_store.insert_sql import PostgresWriter
 from gateway.usage_store.queries import ExportQuery, Filters, RecordsQuery, SummaryQuery
 from gateway.usage_store.schema import ROLLUPS, migrate, records
 from gateway.usage_store.sqlite_writer import PRAGMAS, SqliteWriter
@@ -51,12 +51,11 @@ from gateway.usage_store.summary_sql import Only, summary_statement
 _MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
 
 
-def _sqlite_engines(url: str) -> tuple[AsyncEngine, AsyncEngine]:
+def _sqlite_engines(url: str, path: str) -> tuple[AsyncEngine, AsyncEngine]:
     """A writer whose transactions take SQLite's write lock at BEGIN (a deferred one could
-    fail to upgrade while another process writes), and a reader that never blocks writers."""
-    database = make_url(url).database
-    if database:
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    fail to upgrade while another process writes), and a reader that never blocks writers;
+    `path`: the URL's file."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
 
     def build(begin: str) -> AsyncEngine:
         engine = create_async_engine(url)
@@ -80,24 +79,24 @@ def _sqlite_engines(url: str) -> tuple[AsyncEngine, AsyncEngine]:
 
 class UsageStore:
     def __init__(
-        self, writer: AsyncEngine, reader: AsyncEngine, sqlite: SqliteWriter | None = None
+        self, writer: AsyncEngine, reader: AsyncEngine, batches: SqliteWriter | PostgresWriter
     ) -> None:
         self._writer, self._reader = writer, reader
         self.dialect = writer.dialect.name
-        self._sqlite = sqlite  # SQLite's insert path; PostgreSQL's:
-        self._postgres = PostgresInsert()
+        self._batches = batches  # the insert path
 
     @classmethod
     async def open(cls, url: str) -> UsageStore:
-        if make_url(url).get_backend_name() == "sqlite":
-            path = make_url(url).database
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            path = parsed.database
             if not path or path == ":memory:":
                 raise ValueError(f"the SQLite usage store needs a file: {url}")
-            writer, reader = _sqlite_engines(url)
+            writer, reader = _sqlite_engines(url, path)
             store = cls(writer, reader, SqliteWriter(path))
         else:
             writer = create_async_engine(url, pool_pre_ping=True)
-            store = cls(writer, writer)
+            store = cls(writer, writer, PostgresWriter(writer))
         try:
             await store._migrate()
         except BaseException:
@@ -112,8 +111,7 @@ class UsageStore:
             await conn.run_sync(migrate, int(time.time() * 1000))
 
     async def aclose(self) -> None:
-        if self._sqlite is not None:
-            await self._sqlite.aclose()
+        await self._batches.aclose()
         await self._writer.dispose()
         if self._reader is not self._writer:
             await self._reader.dispose()
@@ -124,10 +122,7 @@ class UsageStore:
         unique = list({row["record_id"]: row for row in rows}.values())
         if not unique:
             return 0
-        if self._sqlite is not None:
-            return await self._sqlite.insert(unique)
-        async with self._writer.begin() as conn:
-            return await self._postgres.insert(conn, unique)
+        return await self._batches.insert(unique)
 
     async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
         """Delete raw rows older than `retention_days`, and the rollups of the UTC months that
