@@ -26,7 +26,7 @@ class Counted(UsageStore):
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[Counted]:
     opened = await UsageStore.open(f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
-    counted = Counted(opened._writer, opened._reader)
+    counted = Counted(opened._writer, opened._reader, opened._batches)
     yield counted
     await opened.aclose()
 
