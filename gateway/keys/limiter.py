@@ -309,6 +309,8 @@ def _admission(
             headers.update(ratelimit_headers("tokens", tpm, tpm_left, reset_ms))
         return Admission(grant, reserved, token, headers, reserved_cost)
     match [text(v) if isinstance(v, bytes) else str(v) for v in result]:
+        case ["1", "rotated"]:
+            raise AuthenticationError("This API key has been rotated: use its new secret.")
         case ["1", why]:
             raise AuthenticationError(f"This API key has been {why}.")
         case ["4"]:

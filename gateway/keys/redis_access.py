@@ -18,7 +18,7 @@ from gateway.keys.keeper import TRANSIENT, Keeper
 from gateway.keys.limiter import Admission, Limiter, Settlement
 from gateway.keys.script_batch import Unsent
 from gateway.keys.spool import Spool
-from gateway.keys.store import SECRET_PREFIX, KeyStore, digest, micros
+from gateway.keys.store import SECRET_PREFIX, KeyStore, Retired, digest, micros
 from gateway.keys.usage import usage_entry
 from gateway.routing.policy import DEFAULT_POLICY
 from gateway.usage_store.pricing import Pricing
@@ -118,7 +118,10 @@ class RedisAccessControl:
     async def _principal(self, token: str, hexdigest: str) -> Principal:
         record = await self.store.lookup(token)
         if record is None:
-            raise AuthenticationError("Incorrect API key provided.")
+            retired = await self.store.retired(token)  # only on the way to a 401
+            if retired is None:
+                raise AuthenticationError("Incorrect API key provided.")
+            raise AuthenticationError(retired_message(retired))
         if record.disabled:
             raise AuthenticationError("This API key is disabled.")
         if record.is_expired(datetime.fromtimestamp(self._clock(), UTC)):
@@ -228,6 +231,13 @@ class RedisAccessControl:
             spooled.add_done_callback(partial(_chain, done))
         else:
             done.set_exception(exc)
+
+
+def retired_message(retired: Retired) -> str:
+    when = retired.at.strftime("%Y-%m-%d %H:%M UTC")
+    if retired.why == "rotated":
+        return f"This API key was rotated on {when}: use the new secret it was given then."
+    return f"This API key was revoked on {when}."
 
 
 def _chain(done: asyncio.Future[None], step: asyncio.Future[None]) -> None:

@@ -8,6 +8,10 @@ Layout (all under the configured prefix, see `KeySpace`):
                       none)
   key-digest:{sha256} string: the key id, so a secret is found by its digest
   keys                set of key ids
+  keys-revoked        hash: key id -> {"record", "revoked" (epoch ms)} of every revoked key, so
+                      that its name and the moment it was revoked can still be shown
+  key-retired:{sha256} string: "{rotated|revoked}:{epoch ms}" for a secret that stopped working,
+                      kept `RETIRED_KEEP_S`, so that its refusal can say why
 Secrets (`sk-` + 43 url-safe characters) are returned once by `create` and `rotate` and never
 stored: only their SHA-256 digest is.
 """
@@ -15,9 +19,11 @@ stored: only their SHA-256 digest is.
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 
@@ -28,6 +34,7 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.keys.records import KeyCreate, KeyRecord, KeyUpdate
 
 SECRET_PREFIX = "sk-"
+RETIRED_KEEP_S = 90 * 86_400  # how long a rotated or revoked secret's refusal says why
 
 
 def lua(name: str) -> str:
@@ -69,6 +76,12 @@ class KeySpace:
 
     def ids(self) -> str:
         return f"{self.prefix}keys"
+
+    def revoked(self) -> str:
+        return f"{self.prefix}keys-revoked"
+
+    def retired(self, hexdigest: str) -> str:
+        return f"{self.prefix}key-retired:{hexdigest}"
 
     def slots(self, key_id: str) -> str:
         """ZSET: in-flight request token -> deadline (ms); expired members are dead replicas'."""
@@ -135,6 +148,20 @@ def _hash(record: KeyRecord, hexdigest: str) -> dict[str, str]:
     return fields
 
 
+@dataclass(frozen=True)
+class Retired:
+    """A secret that no longer works: why ("rotated" or "revoked") and since when."""
+
+    why: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class RevokedKey:
+    record: KeyRecord
+    revoked: datetime
+
+
 def micros(cost: float) -> int:
     """A cost in millionths of the currency, as the Lua scripts count it (to the nearest)."""
     return round(cost * 1_000_000)
@@ -180,6 +207,27 @@ class KeyStore:
         raw = await self._lookup(keys=[key], args=[self.space.key("")])
         return None if raw is None else KeyRecord.model_validate_json(raw)
 
+    async def retired(self, secret: str) -> Retired | None:
+        """Why a secret that `lookup` does not know stopped working, if it was one of ours
+        (rotated or revoked in the last `RETIRED_KEEP_S`)."""
+        raw = await self._redis.get(self.space.retired(digest(secret)))
+        if raw is None:
+            return None
+        why, _, ms = text(raw).partition(":")
+        return Retired(why, datetime.fromtimestamp(int(ms) / 1000, UTC))
+
+    async def revoked(self, key_id: str) -> RevokedKey | None:
+        """The record of a revoked key and when it was revoked, or None."""
+        raw = await self._redis.hget(self.space.revoked(), key_id)
+        return None if raw is None else _revoked(raw)
+
+    async def names(self) -> dict[str, str]:
+        """Key id -> name of every key, revoked ones included."""
+        raws = await self._redis.hgetall(self.space.revoked())
+        names = {text(k): _revoked(v).record.name for k, v in raws.items()}
+        names.update({r.id: r.name for r in await self.list()})
+        return names
+
     async def get(self, key_id: str) -> KeyRecord:
         raw = await self._redis.hget(self.space.key(key_id), "record")
         if raw is None:
@@ -223,11 +271,17 @@ class KeyStore:
             while True:
                 try:
                     await pipe.watch(key)
-                    hexdigest = await pipe.hget(key, "digest")
-                    if hexdigest is None:
+                    hexdigest, raw = await pipe.hmget(key, ["digest", "record"])
+                    if hexdigest is None or raw is None:
                         raise NotFound(f"No API key with id '{key_id}'.", param="id")
+                    now_ms = int(self._clock() * 1000)
+                    tombstone = {"record": json.loads(raw), "revoked": now_ms}
                     pipe.multi()
                     pipe.delete(self.space.digest(text(hexdigest)), key)
+                    pipe.hset(self.space.revoked(), key_id, json.dumps(tombstone))
+                    pipe.set(
+                        self.space.retired(text(hexdigest)), f"revoked:{now_ms}", ex=RETIRED_KEEP_S
+                    )
                     pipe.delete(self.space.spent(key_id, "all"))
                     pipe.delete(self.space.spent_cost(key_id, "all"))
                     pipe.srem(self.space.ids(), key_id)
@@ -260,7 +314,20 @@ class KeyStore:
                     if dropped is not None:
                         pipe.delete(self.space.digest(dropped))
                         pipe.set(self.space.digest(hexdigest), key_id)
+                        pipe.set(
+                            self.space.retired(dropped),
+                            f"rotated:{int(self._clock() * 1000)}",
+                            ex=RETIRED_KEEP_S,
+                        )
                     await pipe.execute()
                     return record
                 except WatchError:
                     continue
+
+
+def _revoked(raw: bytes | str) -> RevokedKey:
+    data = json.loads(raw)
+    return RevokedKey(
+        KeyRecord.model_validate(data["record"]),
+        datetime.fromtimestamp(data["revoked"] / 1000, UTC),
+    )

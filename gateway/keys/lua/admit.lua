@@ -119,8 +119,11 @@ local function admit(k, now, token, prompt, grant, reset, digest, model, cin, co
     return {5}
   end
   local f = key_fields(k[1])
-  if not f[6] or f[6] ~= digest then
+  if not f[6] then
     return {1, 'revoked'}
+  end
+  if f[6] ~= digest then
+    return {1, 'rotated'}
   end
   if f[7] then
     return {1, 'disabled'}
