@@ -24,6 +24,7 @@ from gateway.keys.usage import UsageReader
 from gateway.resources import REDIS
 from gateway.server.request_body import read_body
 from gateway.usage_store import admin as usage_store_admin
+from gateway.usage_store.query_errors import query_error
 
 log = structlog.get_logger("gateway.admin")
 
@@ -158,7 +159,7 @@ async def usage(request: web.Request) -> web.Response:
     try:
         query = UsageQuery.model_validate(params)
     except ValidationError as exc:
-        raise _invalid(exc) from None
+        raise query_error(UsageQuery, exc) from None
     if query.start and query.end and query.start.date() > query.end.date():
         raise InvalidRequest("'start' is after 'end'.", param="start")
     return web.json_response(await request.app[USAGE].query(query))

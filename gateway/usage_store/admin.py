@@ -20,6 +20,7 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.resources import SETTINGS, USAGE_STORE
 from gateway.usage_store.export_sql import CSV_COLUMNS
 from gateway.usage_store.queries import ExportQuery, RecordsQuery, SummaryQuery
+from gateway.usage_store.query_errors import query_error
 from gateway.usage_store.store import UsageStore
 
 Query = TypeVar("Query", bound=BaseModel)
@@ -52,13 +53,7 @@ def _query(request: web.Request, model: type[Query], **fixed: str) -> Query:
     try:
         return model.model_validate(params)
     except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        field = ".".join(str(part) for part in error["loc"]) or None
-        if field is None:
-            raise InvalidRequest(f"Invalid query: {error['msg']}.") from None
-        if error["type"] == "extra_forbidden":
-            raise InvalidRequest(f"Unknown parameter '{field}'.", param=field) from None
-        raise InvalidRequest(f"Invalid value for '{field}': {error['msg']}.", param=field) from None
+        raise query_error(model, exc) from None
 
 
 def _iso(value: datetime | None) -> str | None:

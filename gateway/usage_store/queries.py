@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 Dimension = Literal["key", "model", "provider", "route", "thinking", "status", "error_code"]
 Interval = Literal["hour", "day", "month"]
@@ -61,7 +62,11 @@ class Filters(BaseModel):
     @model_validator(mode="after")
     def _ordered(self) -> Filters:
         if self.start is not None and self.end is not None and self.start >= self.end:
-            raise ValueError("'start' must be before 'end'")
+            raise PydanticCustomError(
+                "start_after_end",
+                "'start' ({start}) must be before 'end' ({end}).",
+                {"start": self.start.isoformat(), "end": self.end.isoformat()},
+            )
         return self
 
     def equalities(self) -> dict[str, str | int]:
@@ -84,7 +89,12 @@ class SummaryQuery(Filters):
     def _known(cls, value: str) -> str:
         for name in (part.strip() for part in value.split(",") if part.strip()):
             if name not in COLUMN:
-                raise ValueError(f"unknown dimension {name!r} (one of {', '.join(COLUMN)})")
+                raise PydanticCustomError(
+                    "unknown_dimension",
+                    "Unknown dimension '{name}' in 'group_by' (allowed: {allowed}; several "
+                    "separated by commas).",
+                    {"name": name, "allowed": ", ".join(COLUMN)},
+                )
         return value
 
     def dimensions(self) -> list[str]:

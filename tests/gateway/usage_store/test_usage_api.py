@@ -126,29 +126,51 @@ async def test_requests_are_stored_priced_and_reported(
 
 
 @pytest.mark.parametrize(
-    ("path", "params", "param"),
+    ("path", "params", "param", "says"),
     [
-        ("/admin/usage/summary", {"group_by": "key,colour"}, "group_by"),
-        ("/admin/usage/summary", {"interval": "week"}, "interval"),
-        ("/admin/usage/summary", {"start": "2026-02-01", "end": "2026-01-01"}, None),
-        ("/admin/usage/summary", {"start": "yesterday"}, "start"),
-        ("/admin/usage/summary", {"status": "x"}, "status"),
-        ("/admin/usage/summary", {"colour": "red"}, "colour"),
-        ("/admin/usage/records", {"limit": "0"}, "limit"),
-        ("/admin/usage/records", {"cursor": "nonsense"}, "cursor"),
-        ("/admin/usage/export", {"route": "sideways"}, "route"),
-        ("/admin/usage/records", {"key": "a\x00b"}, "key"),
-        ("/admin/usage/export", {"start": "0001-01-01T00:00:00+01:00"}, "start"),
+        (
+            "/admin/usage/summary",
+            {"group_by": "key,colour"},
+            "group_by",
+            "Unknown dimension 'colour' in 'group_by' (allowed: key, model, provider, route, "
+            "thinking, status, error_code",
+        ),
+        ("/admin/usage/summary", {"interval": "week"}, "interval", "hour, day or month"),
+        (
+            "/admin/usage/summary",
+            {"start": "2026-02-01", "end": "2026-01-01"},
+            "start",
+            "'start' (2026-02-01T00:00:00+00:00) must be before 'end' (2026-01-01T00:00:00+00:00)",
+        ),
+        ("/admin/usage/summary", {"start": "yesterday"}, "start", "ISO 8601"),
+        ("/admin/usage/summary", {"status": "x"}, "status", "from 0 to 999"),
+        ("/admin/usage/summary", {"colour": "red"}, "colour", "Unknown parameter 'colour'"),
+        ("/admin/usage/records", {"limit": "0"}, "limit", "from 1 to 1000"),
+        (
+            "/admin/usage/records",
+            {"cursor": "nonsense"},
+            "cursor",
+            "pass the next_cursor you were given",
+        ),
+        ("/admin/usage/export", {"route": "sideways"}, "route", "'local', 'upstream'"),
+        ("/admin/usage/records", {"key": "a\x00b"}, "key", "without NUL"),
+        ("/admin/usage/export", {"start": "0001-01-01T00:00:00+01:00"}, "start", "ISO 8601"),
+        ("/admin/usage", {"group_by": "week"}, "group_by", "one of 'day', 'model' or 'key'"),
     ],
 )
 async def test_bad_queries_are_400s(
-    served: Served, path: str, params: dict[str, str], param: str | None
+    served: Served, path: str, params: dict[str, str], param: str, says: str
 ) -> None:
+    """Each names its parameter (in `param` and the message) and says what it allows, in the
+    API's words, not the validation library's."""
     status, body = await served.get(path, **params)
     assert status == 400, body
-    assert body["error"]["type"] == "invalid_request_error"
-    assert body["error"]["param"] == param
-    assert "None" not in body["error"]["message"]
+    error = body["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert f"'{param}'" in error["message"] and says in error["message"], error["message"]
+    for library_words in ("None", "Value error", "String should", "Input should", "pattern"):
+        assert library_words not in error["message"], error["message"]
 
 
 async def test_without_the_store_the_reports_are_404(
