@@ -61,6 +61,18 @@ class ConsoleClient:
             await self.request("GET", "/admin/ui/keys")  # reads a CSRF token
         return status
 
+    async def post_and_follow(
+        self, path: str, data: dict[str, str]
+    ) -> tuple[str, int, dict[str, str], str]:
+        """POST a change as a browser does: it must answer 303 (post/redirect/get); the GET
+        page it sends to is read. (location, that page's status, headers, text)"""
+        status, headers, _ = await self.post(path, data)
+        assert status == 303, f"POST {path} answered {status}, not 303"
+        location = headers["Location"]
+        assert headers["Cache-Control"] == "no-store"
+        got, got_headers, text, _ = await self.request("GET", location)
+        return location, got, got_headers, text
+
     async def post(self, path: str, data: dict[str, str]) -> tuple[int, dict[str, str], str]:
         status, headers, text, _ = await self.request(
             "POST", path, data={"csrf": self.csrf, **data}

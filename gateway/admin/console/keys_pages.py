@@ -14,7 +14,7 @@ from gateway.admin.console.forms import FormError, key_create, key_update
 from gateway.admin.console.ranges import ViewError, read_view
 from gateway.admin.console.summaries import Summaries
 from gateway.admin.console.usage_pages import period_series
-from gateway.admin.console.web import FORM, KEYS, SUMMARIES, page
+from gateway.admin.console.web import KEYS, SUMMARIES, Answer, handoff_of, page
 from gateway.errors import GatewayError
 from gateway.keys.records import KeyRecord, KeyUpdate
 from gateway.resources import USAGE_STORE
@@ -31,6 +31,7 @@ def routes() -> list[web.RouteDef]:
         web.get("/keys", list_keys),
         web.post("/keys", create_key),
         web.get("/keys/{id}", key_detail),
+        web.get("/keys/{id}/secret", show_secret),
         web.post("/keys/{id}", edit_key),
         web.post("/keys/{id}/disable", disable_key),
         web.post("/keys/{id}/rotate", rotate_key),
@@ -75,9 +76,9 @@ async def _budget_used(
     return used
 
 
-async def list_keys(
-    request: web.Request, *, error: str | None = None, status: int = 200
-) -> web.Response:
+async def list_keys(request: web.Request) -> web.Response:
+    handoff, session = handoff_of(request)
+    flash = await handoff.take_flash(session)
     now = datetime.now(UTC)
     q = request.query.get("q", "").strip()[:200]
     state = request.query.get("state", "")
@@ -105,7 +106,6 @@ async def list_keys(
     return page(
         request,
         "keys.jinja",
-        status=status,
         title="Keys",
         rows=rows,
         q=q,
@@ -114,36 +114,72 @@ async def list_keys(
         more=len(records) > number * PAGE_SIZE,
         total=len(records),
         usage_enabled=store is not None,
-        error=error,
-        form=request.get(FORM, {}),
+        error=flash.get("error"),
+        notice=flash.get("notice"),
+        form=flash.get("form", {}),
     )
 
 
-async def create_key(request: web.Request) -> web.Response:
+async def create_key(request: web.Request) -> web.StreamResponse:
     form = await request.post()
+    handoff, session = handoff_of(request)
     try:
         body = key_create(form)
         secret, record = await request.app[KEYS].create(body)
     except (FormError, GatewayError) as exc:
-        request[FORM] = {k: v for k, v in form.items() if k != "csrf"}
-        return await list_keys(request, error=str(exc), status=400)
+        values = {k: v for k, v in form.items() if k != "csrf" and isinstance(v, str)}
+        await handoff.put_flash(session, error=str(exc), form=values)
+        raise web.HTTPSeeOther(location="/admin/ui/keys") from None
     log.info("api_key_created", key_id=record.id, name=record.name, via="console")
+    await handoff.put_secret(session, record.id, secret)
+    raise web.HTTPSeeOther(location=f"/admin/ui/keys/{record.id}/secret?created=1")
+
+
+async def show_secret(request: web.Request) -> web.Response:
+    """The secret a create or rotate just handed over, once: a reload finds none."""
+    record = await _record(request)
+    handoff, session = handoff_of(request)
+    secret = await handoff.take_secret(session, record.id)
+    created = request.query.get("created") == "1"
     return page(
-        request, "secret.jinja", title="Key created", record=record, secret=secret, action="created"
+        request,
+        "secret.jinja",
+        title="Key created" if created else "Key rotated",
+        record=record,
+        secret=secret,
+        action="created" if created else "rotated",
     )
 
 
 async def _record(request: web.Request) -> KeyRecord:
+    """The key of the path; a console page saying it was revoked (410), or that there is no
+    such key (404), raised when there is none."""
+    key_id = request.match_info["id"]
+    store = request.app[KEYS]
     try:
-        return await request.app[KEYS].get(request.match_info["id"])
+        return await store.get(key_id)
     except GatewayError:
-        raise web.HTTPNotFound() from None
+        pass
+    revoked = await store.revoked(key_id)
+    if revoked is None:
+        raise Answer(
+            page(
+                request,
+                "error.jinja",
+                status=404,
+                heading="No such key",
+                message=f"There is no key with id {key_id}.",
+            )
+        )
+    raise Answer(
+        page(request, "revoked.jinja", status=410, title=revoked.record.name, revoked=revoked)
+    )
 
 
-async def key_detail(
-    request: web.Request, *, error: str | None = None, status: int = 200
-) -> web.Response:
+async def key_detail(request: web.Request) -> web.Response:
     record = await _record(request)
+    handoff, session = handoff_of(request)
+    flash = await handoff.take_flash(session)
     store: UsageStore | None = request.config_dict.get(USAGE_STORE)
     plot: dict[str, Any] | None = None
     recent: list[dict[str, Any]] = []
@@ -171,7 +207,6 @@ async def key_detail(
     return page(
         request,
         "key.jinja",
-        status=status,
         title=record.name,
         record=record,
         state=_state(record, datetime.now(UTC)),
@@ -181,7 +216,7 @@ async def key_detail(
         view=view,
         usage_enabled=store is not None,
         saved=request.query.get("saved") == "1",
-        error=error,
+        error=flash.get("error"),
     )
 
 
@@ -192,7 +227,9 @@ async def edit_key(request: web.Request) -> web.StreamResponse:
         patch = key_update(form)
         await request.app[KEYS].update(record.id, patch)
     except (FormError, GatewayError, ValueError) as exc:
-        return await key_detail(request, error=str(exc), status=400)
+        handoff, session = handoff_of(request)
+        await handoff.put_flash(session, error=str(exc))
+        raise web.HTTPSeeOther(location=f"/admin/ui/keys/{record.id}") from None
     log.info(
         "api_key_updated", key_id=record.id, fields=sorted(patch.model_fields_set), via="console"
     )
@@ -208,17 +245,19 @@ async def disable_key(request: web.Request) -> web.StreamResponse:
     raise web.HTTPSeeOther(location=f"/admin/ui/keys/{record.id}?saved=1")
 
 
-async def rotate_key(request: web.Request) -> web.Response:
+async def rotate_key(request: web.Request) -> web.StreamResponse:
     record = await _record(request)
     secret, record = await request.app[KEYS].rotate(record.id)
     log.info("api_key_rotated", key_id=record.id, via="console")
-    return page(
-        request, "secret.jinja", title="Key rotated", record=record, secret=secret, action="rotated"
-    )
+    handoff, session = handoff_of(request)
+    await handoff.put_secret(session, record.id, secret)
+    raise web.HTTPSeeOther(location=f"/admin/ui/keys/{record.id}/secret")
 
 
 async def revoke_key(request: web.Request) -> web.StreamResponse:
     record = await _record(request)
     await request.app[KEYS].revoke(record.id)
     log.info("api_key_revoked", key_id=record.id, via="console")
-    raise web.HTTPSeeOther(location="/admin/ui/keys?revoked=" + record.id)
+    handoff, session = handoff_of(request)
+    await handoff.put_flash(session, notice=f"Key {record.name} ({record.id}) was revoked.")
+    raise web.HTTPSeeOther(location="/admin/ui/keys")

@@ -76,6 +76,7 @@ async def _state(request: web.Request) -> dict[str, Any]:
     cluster = app.get(CLUSTER)
     return {
         "ready": ready,
+        "banner": banner(ready, body["checks"], body["failing_models"], len(router.cards())),
         "checks": body["checks"],
         "failing_models": body["failing_models"],
         "providers": body["providers"],
@@ -83,6 +84,21 @@ async def _state(request: web.Request) -> dict[str, Any]:
         "cluster": cluster_detail(cluster) if cluster is not None else None,
         "refresh_s": REFRESH_S,
     }
+
+
+def banner(ready: bool, checks: dict[str, bool], failing: list[str], models: int) -> str:
+    """The Live page's headline, from what readiness found: which parts are down, and whether
+    the models that are not down still serve."""
+    if ready:
+        return "Ready: every model serves."
+    down = [name for name, ok in checks.items() if not ok and name != "models"]
+    if down:
+        return f"Not ready: {', '.join(down)} down."
+    names = ", ".join(failing)
+    if len(failing) >= models:
+        return f"Not serving: no model has a working route ({names})."
+    verb = "has" if len(failing) == 1 else "have"
+    return f"Down: {names} {verb} no working route. Every other model serves."
 
 
 async def live(request: web.Request) -> web.Response:

@@ -15,6 +15,7 @@ from multidict import MultiMapping
 from pydantic import ValidationError
 
 from gateway.usage_store.queries import Dimension, Interval, RecordsQuery, SummaryQuery
+from gateway.usage_store.query_errors import query_error
 
 RANGES: dict[str, timedelta] = {
     "24h": timedelta(hours=24),
@@ -96,9 +97,7 @@ def _validated(model: Any, params: dict[str, Any]) -> Any:
     try:
         return model.model_validate({k: v for k, v in params.items() if v is not None})
     except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        name = ".".join(str(p) for p in error["loc"]) or "query"
-        raise ViewError(f"Invalid value for '{name}': {error['msg']}.") from None
+        raise ViewError(query_error(model, exc).message) from None
 
 
 def read_view(query: MultiMapping[str], now_s: float | None = None) -> View:

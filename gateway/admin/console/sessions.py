@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -96,20 +98,45 @@ class SessionStore:
         return sum(int(n) for n in done[:-1])
 
 
-class LoginLimiter:
-    """At most `per_minute` sign-in attempts per client address per clock minute."""
+# A sliding window per client: the moments (ms) of its accepted attempts in the last window.
+# KEYS[1]: the client's sorted set; ARGV: now (ms), limit, window (ms), a unique member.
+# Returns {1, 0} when allowed (and counted), else {0, ms until the oldest attempt leaves}.
+_SLIDING_WINDOW = """
+local now, limit, window = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) >= limit then
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {0, tonumber(oldest[2]) + window - now}
+end
+redis.call('ZADD', KEYS[1], now, ARGV[4])
+redis.call('PEXPIRE', KEYS[1], window)
+return {1, 0}
+"""
+WINDOW_S = 60
 
-    def __init__(self, redis: Redis, prefix: str, per_minute: int) -> None:
-        self._redis = redis
+
+class LoginLimiter:
+    """At most `per_minute` sign-in attempts per client address in any 60 seconds (a sliding
+    window, so no burst passes around a clock minute's edge). Refused attempts are not
+    counted. `clock` (epoch seconds) is injectable for tests."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str,
+        per_minute: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._prefix = f"{prefix}console:login:"
+        self._script = redis.register_script(_SLIDING_WINDOW)
+        self._clock = clock
         self.per_minute = per_minute
 
     async def allow(self, client: str) -> tuple[bool, int]:
-        """(allowed, seconds until the window ends)."""
-        now = int(time.time())
-        key = f"{self._prefix}{now // 60}:{_sha(client)[:32]}"
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, 61)
-            count, _ = await pipe.execute()
-        return int(count) <= self.per_minute, 60 - now % 60
+        """(allowed, seconds until an attempt is allowed again: 0 when allowed)."""
+        now_ms = int(self._clock() * 1000)
+        allowed, wait_ms = await self._script(
+            keys=[f"{self._prefix}{_sha(client)[:32]}"],
+            args=[now_ms, self.per_minute, WINDOW_S * 1000, f"{now_ms}:{secrets.token_hex(4)}"],
+        )
+        return bool(allowed), max(1, math.ceil(int(wait_ms) / 1000)) if not allowed else 0

@@ -77,14 +77,36 @@ def _currency(request: web.Request) -> str:
 
 
 async def _key_names(request: web.Request) -> dict[str, str]:
-    return {r.id: r.name for r in await request.app[KEYS].list()}
+    """Key id -> name, revoked keys included (their usage stays in the reports)."""
+    return await request.app[KEYS].names()
 
 
-def period_series(view: View, rows: list[dict[str, Any]], fields: dict[str, Any]) -> dict[str, Any]:
-    """Plot data: one value per period of the view (None where nothing was recorded)."""
+# What an empty value of a dimension means (the record of a request that failed before a
+# route was chosen has no provider or route; thinking is empty where nothing decided it).
+BLANK = {
+    "thinking": "not decided",
+    "route": "failed before routing",
+    "provider": "failed before routing",
+    "error_code": "no error",
+}
+
+
+def group_label(dimension: str, value: Any) -> str:
+    text = "" if value is None else str(value)
+    return text or BLANK.get(dimension, "(none)")
+
+
+def period_series(
+    view: View,
+    rows: list[dict[str, Any]],
+    fields: dict[str, Any],
+    gaps: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """Plot data: one value per period of the view. Counts and sums are 0 in a period without
+    records; the fields named in `gaps` (ratios, latencies) have no value there (None)."""
     x = view.periods()
     at = {stamp: i for i, stamp in enumerate(x)}
-    series = {label: [None] * len(x) for label in fields}
+    series = {label: [None if label in gaps else 0] * len(x) for label in fields}
     for row in rows:
         i = at.get(int(datetime.fromisoformat(row["period"]).timestamp()))
         if i is None:
@@ -113,7 +135,7 @@ def _share(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     total = sum(r["requests"] for r in rows) or 1
     return [
         {
-            "label": str(r[name]) or "(none)",
+            "label": group_label(name, r[name]),
             "requests": r["requests"],
             "share": r["requests"] / total,
         }
@@ -182,6 +204,7 @@ async def overview(request: web.Request) -> web.Response:
                     round(100 * r["errors"] / r["requests"], 2) if r["requests"] else None
                 )
             },
+            gaps=frozenset({"error rate %"}),
         ),
         "latency": period_series(
             view,
@@ -192,6 +215,7 @@ async def overview(request: web.Request) -> web.Response:
                 "TTFT p50": lambda r: _p(r, "ttft_ms", "p50"),
                 "TTFT p95": lambda r: _p(r, "ttft_ms", "p95"),
             },
+            gaps=frozenset({"total p50", "total p95", "TTFT p50", "TTFT p95"}),
         ),
     }
     names = await _key_names(request)
@@ -249,6 +273,7 @@ def _explorer_row(row: dict[str, Any], group: str) -> dict[str, Any]:
     return {
         "value": row[group],
         "group": "" if row[group] is None else str(row[group]),
+        "label": group_label(group, row[group]),
         **{c: row[c] for c in TOTALS_ONLY},
         "latency_p50_ms": latency.get("p50"),
         "latency_p95_ms": latency.get("p95"),
@@ -305,7 +330,7 @@ async def _stacked_plot(
     )
     fields: dict[str, Any] = {}
     for value in top:
-        label = ("" if value is None else str(value)) or "(none)"
+        label = group_label(group, value)
         fields[label] = lambda r, value=value: r["requests"] if r[group] == value else None
     plot = _summed(view, by_period, fields)
     if len(table) > STACKED:
@@ -351,9 +376,14 @@ async def explorer_csv(request: web.Request) -> web.Response:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     columns = _columns(view)
-    writer.writerow((view.group_by, *columns))
+    by_key = view.group_by == "key"
+    names = await _key_names(request) if by_key else {}
+    writer.writerow((view.group_by, *(("name",) if by_key else ()), *columns))
     for row in table:
-        writer.writerow((row["group"], *("" if row[c] is None else row[c] for c in columns)))
+        named = (names.get(row["group"], ""),) if by_key else ()
+        writer.writerow(
+            (row["group"], *named, *("" if row[c] is None else row[c] for c in columns))
+        )
     name = f"usage-by-{view.group_by}-{view.range}.csv"
     return web.Response(
         text=out.getvalue(),

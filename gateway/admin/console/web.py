@@ -8,7 +8,12 @@ Contract:
     browser nor logged: the cookie holds a random token whose hash names the session in Redis.
   - Every POST carries the session's CSRF token (form field `csrf` or header `X-CSRF-Token`)
     and, when the browser sends one, a same-origin `Origin`; anything else is 403.
-  - Every answer carries the security headers of `render.SECURITY_HEADERS`.
+  - Every change (POST) answers 303 to a GET page (post/redirect/get): a reload never repeats
+    it. What that page must show once (a secret, a refused form) travels through `Handoff`.
+    Refused POSTs change nothing and answer their status (403 cross-origin or stale token;
+    401 or 429 for a sign-in).
+  - Every answer carries the security headers of `render.SECURITY_HEADERS`, `/admin/ui`
+    (sent to `/admin/ui/`) and unknown `/admin/ui/...` paths ("no such page") included.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from gateway.admin.console.handoff import Handoff
 from gateway.admin.console.render import SECURITY_HEADERS, Static, environment, html
 from gateway.admin.console.sessions import LoginLimiter, Session, SessionStore
 from gateway.admin.console.summaries import Summaries
@@ -38,11 +44,19 @@ SUMMARIES = web.AppKey("console_summaries", Summaries)
 TEMPLATES = web.AppKey("console_templates", jinja2.Environment)
 STATIC = web.AppKey("console_static", Static)
 ADMIN_KEY = web.AppKey("console_admin_key", bytes)
+HANDOFF = web.AppKey("console_handoff", Handoff)
 SESSION = web.RequestKey("console_session", Session)  # the request's live session
-FORM = web.RequestKey("console_form", dict)  # a refused form's values, shown again
 PUBLIC = frozenset({"/admin/ui/login"})
 
 View = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Answer(Exception):  # noqa: N818 (not an error: a page raised from deep in a view)
+    """A finished console page, raised by a helper of a view (a revoked key's page, say)."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.status)
+        self.response = response
 
 
 def is_https(request: web.Request) -> bool:
@@ -85,6 +99,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Security headers, sessions and CSRF (see the module)."""
     try:
         response = await _guarded(request, handler)
+    except Answer as answer:
+        response = answer.response
     except web.HTTPException as exc:  # redirects and 404s raised by the views
         exc.headers.update(SECURITY_HEADERS)
         exc.headers.setdefault("Cache-Control", "no-store")
@@ -200,6 +216,28 @@ async def home(request: web.Request) -> web.StreamResponse:
     raise web.HTTPSeeOther(location="/admin/ui/overview")
 
 
+async def bare(request: web.Request) -> web.StreamResponse:
+    """`/admin/ui` (the address the docs give, without its slash): the console's home."""
+    raise web.HTTPSeeOther(
+        location="/admin/ui/", headers={**SECURITY_HEADERS, "Cache-Control": "no-store"}
+    )
+
+
+async def no_such_page(request: web.Request) -> web.StreamResponse:
+    return page(
+        request,
+        "error.jinja",
+        status=404,
+        heading="No such page",
+        message=f"There is no console page at {request.path}.",
+    )
+
+
+def handoff_of(request: web.Request) -> tuple[Handoff, str]:
+    """The hand-off store and the name of this request's session in it."""
+    return request.app[HANDOFF], session_of(request).token_hash
+
+
 def setup_console(app: web.Application, settings: Settings) -> None:
     """Mount the console on `app` at /admin/ui (with `[admin] console` and an admin key)."""
     admin = settings.admin
@@ -225,6 +263,7 @@ def setup_console(app: web.Application, settings: Settings) -> None:
             admin.session_ttl_s,
         )
         console[LIMITER] = LoginLimiter(redis, prefix, admin.login_attempts_per_minute)
+        console[HANDOFF] = Handoff(redis, prefix)
         console[KEYS] = KeyStore(redis, prefix=prefix)
 
     console.on_startup.append(open_services)
@@ -238,6 +277,8 @@ def setup_console(app: web.Application, settings: Settings) -> None:
             *keys_pages.routes(),
             *usage_pages.routes(),
             *live_page.routes(),
+            web.route("*", "/{tail:.*}", no_such_page),  # last: what no route above took
         ]
     )
+    app.router.add_get("/admin/ui", bare)  # before the console: its prefix would take it
     app.add_subapp("/admin/ui", console)

@@ -4,7 +4,7 @@ page reads (an engine's `EngineStats`, readiness's provider health, membership's
 from __future__ import annotations
 
 from backend.engine.interface import EngineStats
-from gateway.admin.console.live_page import Rates, engine_row
+from gateway.admin.console.live_page import Rates, banner, engine_row
 from gateway.admin.console.render import Static, environment
 
 
@@ -44,12 +44,16 @@ def test_engine_rates_and_fragment() -> None:
         .get_template("live_state.jinja")
         .render(
             ready=False,
+            banner=banner(False, {"redis": True, "models": False}, ["deepseek-chat"], 3),
             checks={"redis": True, "models": False},
             failing_models=["deepseek-chat"],
             engines=[engine],
             providers={
                 "deepseek": {
-                    "breakers": {"deepseek-chat": {"state": "open", "probe_in_s": 4.5}},
+                    "breakers": {
+                        "deepseek-chat": {"state": "open", "probe_in_s": 4.5},
+                        "deepseek-reasoner": {"state": "open", "probe_in_s": 0.0},
+                    },
                     "rate_limited": {},
                     "last_success_age_s": None,
                     "last_error": "HTTP 502",
@@ -75,7 +79,21 @@ def test_engine_rates_and_fragment() -> None:
             },
         )
     )
-    assert "Not ready" in html and "failing deepseek-chat" in html
+    assert "Down: deepseek-chat has no working route. Every other model serves." in html
     assert "40 / 100" in html and "75.0 %" in html and "60.0 %" in html and "250.0" in html
     assert "deepseek-chat: open" in html and "probe in 4.5 s" in html and "HTTP 502" in html
+    # An open breaker whose probe is due waits for traffic: it probes on the next request.
+    assert "deepseek-reasoner: open</span> (probes on the next request)" in html
+    assert "probe in 0.0" not in html
     assert "n2" in html and "10 / 20" in html
+
+
+def test_live_banner_names_what_is_down() -> None:
+    assert banner(True, {"redis": True, "models": True}, [], 2) == "Ready: every model serves."
+    assert banner(False, {"redis": False, "models": True}, [], 2) == "Not ready: redis down."
+    assert banner(False, {"redis": True, "models": False}, ["a", "b"], 3) == (
+        "Down: a, b have no working route. Every other model serves."
+    )
+    assert banner(False, {"redis": True, "models": False}, ["a", "b"], 2) == (
+        "Not serving: no model has a working route (a, b)."
+    )

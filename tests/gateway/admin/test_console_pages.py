@@ -108,7 +108,7 @@ async def test_the_explorers_stacked_plot_draws_its_top_groups_and_the_rest_as_o
 async def test_key_lifecycle_and_usage_pages(
     console: ConsoleClient, console_gateway: ConsoleGateway
 ) -> None:
-    status, headers, text = await console.post(
+    created, status, headers, text = await console.post_and_follow(
         "/admin/ui/keys", {"name": "console-made", "rpm": "100", "budget_tokens": "100000"}
     )
     assert status == 200 and headers["Cache-Control"] == "no-store"
@@ -116,6 +116,9 @@ async def test_key_lifecycle_and_usage_pages(
     key_id = KEY_ID.search(text)
     assert secret and key_id
     secret_text, key = secret.group(1), key_id.group(1)
+    # A reload of the page the POST sent to shows the secret no more, and makes no key.
+    status, _, again, _ = await console.request("GET", created)
+    assert status == 200 and secret_text not in again and "cannot be shown again" in again
     # The secret is shown once: not on the key's page nor in the list.
     for path in (f"/admin/ui/keys/{key}", "/admin/ui/keys"):
         _, _, page, _ = await console.request("GET", path)
@@ -156,7 +159,7 @@ async def test_key_lifecycle_and_usage_pages(
         # by key, the totals alone (a key's latency is on its overview); by model, p50/p95 too
         assert "p50 ms" not in explorer
         assert exported.splitlines()[0] == (
-            "key,requests,errors,prompt_tokens,cached_tokens,completion_tokens,"
+            "key,name,requests,errors,prompt_tokens,cached_tokens,completion_tokens,"
             "reasoning_tokens,cost"
         )
         _, _, by_model, _ = await console.request("GET", "/admin/ui/usage?range=24h")
@@ -172,6 +175,7 @@ async def test_key_lifecycle_and_usage_pages(
         )
         expected = {r["key"]: r for r in api["data"]}  # type: ignore[attr-defined]
         assert {r["key"] for r in rows} == set(expected)
+        assert {r["name"] for r in rows if r["key"] == key} == {"console-made"}
         for row in rows:
             want = expected[row["key"]]
             assert int(row["requests"]) == want["requests"]
@@ -192,16 +196,24 @@ async def test_key_lifecycle_and_usage_pages(
             )
         assert refused.value.status_code in (403, 404)
 
-        status, _, text = await console.post(f"/admin/ui/keys/{key}", {"name": "x", "rpm": "-1"})
-        assert status == 400 and "rpm" in text
+        # A refused form is a 303 too, to the page that shows why (once).
+        back, status, _, text = await console.post_and_follow(
+            f"/admin/ui/keys/{key}", {"name": "x", "rpm": "-1"}
+        )
+        assert back == f"/admin/ui/keys/{key}" and status == 200 and "rpm" in text
+        assert "must be a whole number" not in (await console.request("GET", back))[2]
 
-        status, headers, _ = await console.post(f"/admin/ui/keys/{key}/revoke", {})
-        assert status == 303
-        with pytest.raises(openai.AuthenticationError):
+        back, status, _, listing = await console.post_and_follow(f"/admin/ui/keys/{key}/revoke", {})
+        assert back == "/admin/ui/keys" and f"Key console-made ({key}) was revoked." in listing
+        assert "was revoked" not in (await console.request("GET", back))[2]  # once
+        with pytest.raises(openai.AuthenticationError) as refused:
             await client.chat.completions.create(
                 model="fallback-model", messages=[{"role": "user", "content": "after revoke"}]
             )
-        assert (await console.request("GET", f"/admin/ui/keys/{key}"))[0] == 404
+        assert "revoked" in refused.value.message
+        status, headers, gone, _ = await console.request("GET", f"/admin/ui/keys/{key}")
+        assert status == 410 and "This key was revoked on " in gone and "console-made" in gone
+        assert "script-src 'self'" in headers["Content-Security-Policy"]
     finally:
         await client.close()
 

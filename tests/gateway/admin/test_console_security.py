@@ -99,7 +99,7 @@ async def test_csrf_is_refused(console: ConsoleClient, console_gateway: ConsoleG
     assert status == 403
     _, _, listing, _ = await console.request("GET", "/admin/ui/keys")
     assert "no-token" not in listing and "cross" not in listing
-    status, _, text = await console.post("/admin/ui/keys", {"name": "with-token"})
+    _, status, _, text = await console.post_and_follow("/admin/ui/keys", {"name": "with-token"})
     assert status == 200 and "with-token" in text
 
 

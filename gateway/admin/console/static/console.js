@@ -31,10 +31,21 @@
     });
   }
 
+  // Whether a series has a value with no value beside it: uPlot draws no line through a lone
+  // point, so such a series shows its points.
+  function isolated(values) {
+    return values.some(function (v, i) {
+      var none = function (j) { return j < 0 || j >= values.length || values[j] === null; };
+      return v !== null && none(i - 1) && none(i + 1);
+    });
+  }
+
   function draw(el) {
     var source = document.getElementById(el.getAttribute("data-plot"));
     if (!source || typeof uPlot === "undefined") return;
     var data = JSON.parse(source.textContent);
+    // Stacked: each series is drawn at its running sum, and the band between it and the one
+    // below is filled, so the legend keeps the table's order (the first group at the bottom).
     var series = data.stacked ? stack(data.series) : data.series;
     var width = Math.max(260, el.clientWidth || 600);
     var opts = {
@@ -43,15 +54,19 @@
       series: [{}].concat(series.map(function (s, i) {
         var color = palette[i % palette.length];
         var line = { label: s.label, stroke: color, width: 2, spanGaps: false };
-        if (data.stacked) line.fill = color + "55";
+        if (data.stacked && i === 0) line.fill = color + "55";
+        if (!data.stacked && isolated(s.values)) line.points = { show: true, size: 7, fill: color };
         return line;
       })),
       axes: [{ stroke: "currentColor" }, { stroke: "currentColor", size: 60, values: ticks }],
       scales: { x: { time: true } }
     };
+    if (data.stacked) {
+      opts.bands = series.slice(1).map(function (s, i) {
+        return { series: [i + 2, i + 1], fill: palette[(i + 1) % palette.length] + "55" };
+      });
+    }
     var columns = [data.x].concat(series.map(function (s) { return s.values; }));
-    if (data.stacked) columns = [data.x].concat(columns.slice(1).reverse());
-    if (data.stacked) opts.series = [{}].concat(opts.series.slice(1).reverse());
     el.textContent = "";
     var plot = new uPlot(opts, columns, el);
     var pending = null;
