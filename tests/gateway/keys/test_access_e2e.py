@@ -349,3 +349,32 @@ async def test_a_restart_loses_no_usage_and_no_keys(
     assert report["totals"]["prompt_tokens"] == 3 * 6
     assert report["totals"]["completion_tokens"] == 3 * 5
     assert sum(row["requests"] for row in report["data"]) == 3  # grouped by UTC day
+
+
+async def test_a_rotated_away_secret_is_refused_as_rotated(
+    mock_upstream: MockUpstream, redis_prefix: str, session: aiohttp.ClientSession
+) -> None:
+    """Whether the gateway still holds the old secret's key in its authentication cache (the
+    refusal then comes from admission) or not (from the lookup), the 401 says the key was
+    rotated, not revoked; a revoked key's secret says revoked."""
+    async with live(mock_upstream, redis_prefix) as root:
+        used, used_id = await create_key(session, root)
+        unused, unused_id = await create_key(session, root)
+        assert (await chat(session, root, used))[0] == 200  # now in the cache
+        for key_id in (used_id, unused_id):
+            async with session.post(
+                f"{root}/admin/keys/{key_id}/rotate", headers=ADMIN_AUTH
+            ) as resp:
+                assert resp.status == 200
+        for old in (used, unused):
+            status, _, body = await chat(session, root, old)
+            error = json.loads(body)["error"]
+            assert status == 401 and error["code"] == "invalid_api_key"
+            assert "rotated" in error["message"] and "revoked" not in error["message"]
+        async with session.delete(f"{root}/admin/keys/{unused_id}", headers=ADMIN_AUTH):
+            pass
+        fresh, fresh_id = await create_key(session, root)
+        async with session.delete(f"{root}/admin/keys/{fresh_id}", headers=ADMIN_AUTH):
+            pass
+        status, _, body = await chat(session, root, fresh)
+        assert status == 401 and "was revoked on " in json.loads(body)["error"]["message"]

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 
 from gateway.errors import InvalidRequest, NotFound
 from gateway.keys.records import KeyCreate, KeyRecord, KeyUpdate
-from gateway.keys.store import KeyStore, digest
+from gateway.keys.store import RETIRED_KEEP_S, KeyStore, digest
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -147,3 +147,25 @@ async def test_a_record_with_fields_of_a_newer_version_still_reads(
     _, record = await store.create(KeyCreate(name="rolling"))
     raw = record.model_dump(mode="json") | {"a_field_of_a_later_version": 1}
     assert KeyRecord.model_validate(raw) == record
+
+
+async def test_retired_secrets_say_why_and_revoked_keys_keep_their_record(
+    store: KeyStore, redis: Redis
+) -> None:
+    old, record = await store.create(KeyCreate(name="kept-name"))
+    new, _ = await store.rotate(record.id)
+    rotated = await store.retired(old)
+    assert rotated is not None and (rotated.why, rotated.at) == ("rotated", NOW)
+    assert await store.retired(new) is None  # a live secret is not retired
+    assert await store.retired("sk-never-issued") is None
+    await store.revoke(record.id)
+    revoked = await store.retired(new)
+    assert revoked is not None and (revoked.why, revoked.at) == ("revoked", NOW)
+    assert 0 < await redis.ttl(store.space.retired(digest(new))) <= RETIRED_KEEP_S
+    tomb = await store.revoked(record.id)
+    assert tomb is not None and tomb.record.name == "kept-name" and tomb.revoked == NOW
+    assert tomb.record.hint == new[-4:]  # the record as it was when revoked
+    assert await store.revoked("key_unknown") is None
+    _, live = await store.create(KeyCreate(name="live"))
+    assert await store.names() == {record.id: "kept-name", live.id: "live"}
+    assert old.encode() not in await dump(redis, store.space.prefix)  # still no secret stored
