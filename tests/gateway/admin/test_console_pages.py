@@ -283,3 +283,46 @@ async def test_no_console_without_an_admin_key(
             assert resp.status == 403  # the admin API's own answer: disabled
     finally:
         await runner.cleanup()
+
+
+def _plot(page: str, name: str) -> dict[str, list[object]]:
+    found = re.search(
+        rf'<script type="application/json" id="plot-{name}">(.*?)</script>', page, re.S
+    )
+    assert found is not None, name
+    data = json.loads(html.unescape(found.group(1)))
+    return {s["label"]: s["values"] for s in data["series"]}
+
+
+async def test_overview_counts_are_zero_in_empty_periods(
+    console: ConsoleClient, tmp_path: Path
+) -> None:
+    """One hour of traffic in a 7-day hourly view: counts and sums are 0 in the other 167
+    periods (a series that can be drawn), ratios and latencies have no value there."""
+    store = await UsageStore.open(f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
+    now = time.time()
+    try:
+        await store.insert(
+            [
+                row_of(f"{int(now * 1000) - i}-{i}", stream_fields(i, now - 60), frozenset())
+                for i in range(3)
+            ]
+        )
+    finally:
+        await store.aclose()
+    status, _, page, _ = await console.request("GET", "/admin/ui/overview?range=7d&interval=hour")
+    assert status == 200
+    for name, fields in (
+        ("requests", ("requests", "errors")),
+        ("tokens", ("prompt", "cached", "completion", "reasoning")),
+        ("cost", ("cost",)),
+    ):
+        series = _plot(page, name)
+        for field in fields:
+            values = series[field]
+            assert len(values) == 168 and None not in values, (name, field)
+            assert sum(v != 0 for v in values) <= 1 and values.count(0) >= 167, (name, field)
+        assert sum(series[fields[0]]) > 0  # type: ignore[arg-type]
+    for name in ("errors", "latency"):
+        for field, values in _plot(page, name).items():
+            assert values.count(None) == 167 and len(values) == 168, (name, field)
