@@ -4,6 +4,8 @@ One request makes three calls, each at most one Redis round trip:
   authenticate(token)  -> Principal            (before the body is parsed)
   admit(ticket)        -> Grant                (reserve the worst case, count the request)
   settle(grant, outcome)                       (in a `finally`: charge actuals, release the rest)
+or, when admission refuses it for its budget or a rate limit (429),
+  refused(ticket, outcome)                     (record the refusal: no tokens, its status and code)
 Failures raise `gateway.errors` exceptions (AuthenticationError, PermissionDenied, RateLimited,
 QuotaExceeded), which the error middleware renders as OpenAI error JSON.
 """
@@ -101,3 +103,5 @@ class AccessControl(Protocol):
     def admit(self, ticket: Ticket) -> Awaitable[Grant]: ...
 
     def settle(self, grant: Grant, outcome: Outcome) -> Awaitable[None]: ...
+
+    def refused(self, ticket: Ticket, outcome: Outcome) -> Awaitable[None]: ...

@@ -26,6 +26,9 @@ class OpenAccess:
     def settle(self, grant: Grant, outcome: Outcome) -> asyncio.Future[None]:
         return _done(None)
 
+    def refused(self, ticket: Ticket, outcome: Outcome) -> asyncio.Future[None]:
+        return _done(None)
+
 
 def _done(value: T) -> asyncio.Future[T]:
     future: asyncio.Future[T] = asyncio.get_running_loop().create_future()

@@ -23,6 +23,9 @@ settlements. Rules:
     replica that died or lost Redis are dropped once their lease has run out.
   - settlement is idempotent by request token (a retry never charges twice), and an admission
     the gateway gave up on is undone by `release`, even when Redis runs it later.
+  - a refusal for budget or rate (429) is recorded in usage like a settlement (`reserved` =
+    `REFUSED`): its record has no tokens, its status and error code; nothing is charged or
+    released; recorded once per refusal token.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ _MONTH_SPENT_TTL_MS = 62 * 86_400_000
 # replayed within this long after its request is still recorded exactly once.
 KEEP_MS = 7 * 86_400_000
 _NAMES_KEPT = 10_000  # keys whose Redis key names are kept built
+REFUSED = -1  # a Settlement's `reserved` for a refusal: recorded, nothing charged or released
+# How long a refusal's once-marker is kept: a retry of its record later than this (Redis took it
+# but its answer was lost, then Redis was away for longer) would record it again.
+REFUSAL_ONCE_MS = 3_600_000
 
 
 @dataclass(slots=True)
@@ -150,7 +157,7 @@ class Limiter:
         self._admit = BatchedScript(Script.of(batched_lua("admit.lua")), (self.lease_ms, KEEP_MS))
         self._settle = BatchedScript(
             Script.of(batched_lua("settle.lua")),
-            (_DAY_SPENT_TTL_MS, _MONTH_SPENT_TTL_MS, usage_stream_maxlen),
+            (_DAY_SPENT_TTL_MS, _MONTH_SPENT_TTL_MS, usage_stream_maxlen, REFUSAL_ONCE_MS),
         )
         self._release = Script.of(lua("release.lua"))
         self._renew = Script.of(lua("renew.lua"))
@@ -248,16 +255,18 @@ class Limiter:
 
     def settle(self, settlement: Settlement, *, at_once: bool = False) -> asyncio.Future[int]:
         """Release the reservation, charge the tokens used, record the usage entry; the tokens
-        charged, or -1 when this settlement had been applied before. Sent as
+        charged, or -1 when this settlement had been applied before. A refusal (`reserved` =
+        `REFUSED`, with a token of its own from `token`) is only recorded. Sent as
         `ScriptBatcher.run` says."""
         key_id, token, entry = settlement.key_id, settlement.token, settlement.entry
         n = self._names(key_id, self._clock())
         s = self._space
+        refused = settlement.reserved == REFUSED
         keys = (
             n.key,
             n.slots,
             n.held,
-            f"{n.tpm}{minute_of(token)}",
+            s.refused(token) if refused else f"{n.tpm}{minute_of(token)}",
             *n.spent,
             s.usage_day(entry.day),
             s.usage_days(),

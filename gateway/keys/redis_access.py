@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from gateway.access.contract import Grant, Outcome, Principal, Ticket
 from gateway.errors import AuthenticationError
 from gateway.keys.keeper import TRANSIENT, Keeper
-from gateway.keys.limiter import Admission, Limiter, Settlement
+from gateway.keys.limiter import REFUSED, Admission, Limiter, Settlement
 from gateway.keys.script_batch import Unsent
 from gateway.keys.spool import Spool
 from gateway.keys.store import SECRET_PREFIX, KeyStore, Retired, digest, micros
@@ -196,6 +196,24 @@ class RedisAccessControl:
             used_cost=micros(cost),
         )
         self.keeper.drop(grant.token)
+        return self._send(settlement)
+
+    def refused(self, ticket: Ticket, outcome: Outcome) -> asyncio.Future[None]:
+        """Record a request refused at admission (429) in usage, as a settlement is (spooled
+        while Redis is away, recorded once): no tokens, its status and error code."""
+        now = self._clock()
+        refusal = Grant(ticket=ticket, max_tokens=ticket.max_tokens, reserved_tokens=0)
+        return self._send(
+            Settlement(
+                key_id=ticket.principal.key_id,
+                token=self._limiter.token(now),
+                reserved=REFUSED,
+                used=0,
+                entry=usage_entry(refusal, outcome, now),
+            )
+        )
+
+    def _send(self, settlement: Settlement) -> asyncio.Future[None]:
         landing = self._limiter.settle(settlement, at_once=not self.keeper.holding)
         done: asyncio.Future[None] = landing.get_loop().create_future()
         landing.add_done_callback(partial(self._landed, settlement, done))

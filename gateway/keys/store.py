@@ -10,6 +10,7 @@ Layout (all under the configured prefix, see `KeySpace`):
   keys                set of key ids
   keys-revoked        hash: key id -> {"record", "revoked" (epoch ms)} of every revoked key, so
                       that its name and the moment it was revoked can still be shown
+  refused:{token}     a refusal's record once-marker (see limiter.REFUSED), kept an hour
   key-retired:{sha256} string: "{rotated|revoked}:{epoch ms}" for a secret that stopped working,
                       kept `RETIRED_KEEP_S`, so that its refusal can say why
 Secrets (`sk-` + 43 url-safe characters) are returned once by `create` and `rotate` and never
@@ -79,6 +80,9 @@ class KeySpace:
 
     def revoked(self) -> str:
         return f"{self.prefix}keys-revoked"
+
+    def refused(self, token: str) -> str:
+        return f"{self.prefix}refused:{token}"
 
     def retired(self, hexdigest: str) -> str:
         return f"{self.prefix}key-retired:{hexdigest}"

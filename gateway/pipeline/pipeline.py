@@ -21,7 +21,7 @@ from aiohttp import web
 
 from gateway.access.contract import AccessControl, Grant, Outcome, Principal, Ticket
 from gateway.config.routing import BreakerSettings, RoutingSettings
-from gateway.errors import GatewayError, provider_error_to_gateway
+from gateway.errors import GatewayError, QuotaExceeded, RateLimited, provider_error_to_gateway
 from gateway.observability import log_context
 from gateway.observability.metrics import Metrics
 from gateway.pipeline.event_tally import Tally
@@ -101,7 +101,12 @@ class Pipeline:
             label=self.router.label(public_model),
             routes=tuple((route.provider_name, route.model) for route in decision.routes),
         )
-        grant = await self._admit(ticket, wire)
+        admitting = time.perf_counter()
+        try:
+            grant = await self._admit(ticket, wire)
+        except (QuotaExceeded, RateLimited) as refusal:  # recorded in usage, not charged
+            self._refused(ticket, decision, request, admitting, refusal)
+            raise
         sampling = chat.sampling
         max_tokens = output.upstream(grant.max_tokens)
         reasoning = _smaller(sampling.max_reasoning_tokens, principal.policy.max_reasoning_tokens)
@@ -162,6 +167,25 @@ class Pipeline:
         except asyncio.CancelledError:
             admission.add_done_callback(lambda done: self._release(done, wire))
             raise
+
+    def _refused(
+        self,
+        ticket: Ticket,
+        decision: Decision,
+        request: web.Request,
+        started: float,
+        refusal: GatewayError,
+    ) -> None:
+        outcome = Outcome(
+            usage=Usage(),
+            status=refusal.status,
+            thinking=decision.thinking,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            error_code=refusal.code,
+            route_reason=decision.reason,
+            route=request.get(ROUTE, ""),
+        )
+        self._track(self.access.refused(ticket, outcome), ticket.request_id)
 
     def _release(self, admission: asyncio.Future[Grant], wire: Wire) -> None:
         if admission.cancelled() or admission.exception() is not None:

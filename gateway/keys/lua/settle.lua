@@ -10,9 +10,12 @@
 --   key:{id} hash, 2 slots zset, 3 held hash, 4 tpm window of admission, 5 spent (all), 6 spent
 --   (day), 7 spent (month), 8 usage day hash, 9 usage days set, 10 usage stream, 11 gone hash,
 --   12 spent cost (all), 13 spent cost (day), 14 spent cost (month).
+-- A refusal (reserved tokens -1: a request admission refused for its budget or a rate limit)
+-- is recorded the same way with nothing charged or released, once: its key 4 is then its own
+-- once-marker, set for ARGV 4 ms (a retry of a refusal recorded before changes nothing).
 -- ARGV: 1 ttl of a day's spent counter (ms), 2 ttl of a month's (ms), 3 stream maxlen (0: not
---   trimmed here, the usage store's consumer trims what it has stored), 4 the
---   settlements, packed with MessagePack (values arrive typed, with none of the cost of an
+--   trimmed here, the usage store's consumer trims what it has stored), 4 how long a refusal's
+--   once-marker is kept (ms), 5 the settlements, packed with MessagePack (values arrive typed, with none of the cost of an
 --   argument each): per settlement {where its keys start in KEYS (0-based), request token,
 --   reserved tokens, used tokens (prompt + completion), UTC day, {counter field = increment},
 --   then the stream entry's values in the order of its fields below (usage.RECORD_FIELDS),
@@ -21,7 +24,7 @@
 -- reserved and at the budget left.
 -- Returns, per settlement, the tokens charged against the budget, or -1 when it had been
 -- applied before.
-local day_ttl, month_ttl, maxlen = ARGV[1], ARGV[2], ARGV[3]
+local day_ttl, month_ttl, maxlen, refusal_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 -- Written once at the end (by key name).
 local held_add, held_gone, window_add, spent_add, counters, days = {}, {}, {}, {}, {}, {}
@@ -63,8 +66,34 @@ local function period_key(k, first, period)  -- the spent counter of a period, a
   return k[first], 0
 end
 
+local function record(k, s, charge)  -- the day's counters and the usage stream entry
+  local day_counters = counters[k[8]] or {}
+  counters[k[8]] = day_counters
+  for field, increment in pairs(s[6]) do
+    day_counters[field] = (day_counters[field] or 0) + increment
+  end
+  local day_set = days[k[9]] or {}
+  days[k[9]] = day_set
+  day_set[s[5]] = true
+  streams[k[10]] = true
+  redis.call('XADD', k[10], '*', 'charged_tokens', charge,
+             'ts', s[7], 'request_id', s[8], 'key_id', s[9], 'model', s[10],
+             'provider', s[11], 'route_model', s[12], 'thinking', s[13],
+             'route_reason', s[14], 'route', s[15], 'prompt_tokens', s[16],
+             'completion_tokens', s[17], 'reasoning_tokens', s[18], 'cached_tokens', s[19],
+             'max_tokens', s[20], 'reserved_tokens', s[21], 'latency_ms', s[22],
+             'ttft_ms', s[23], 'status', s[24], 'error_code', s[25], 'cost', s[26])
+end
+
 local function settle(k, s)
   local token, reserved, used = s[2], s[3], s[4]
+  if reserved < 0 then  -- a refusal
+    if not redis.call('SET', k[4], 1, 'NX', 'PX', refusal_ttl) then
+      return -1
+    end
+    record(k, s, 0)
+    return 0
+  end
   if redis.call('ZREM', k[2], token) == 1 then
     local amount = redis.call('HGET', k[3], token)
     if amount then
@@ -101,26 +130,11 @@ local function settle(k, s)
     charge_spent(spent_key, ttl, math.min(s[28], s[27]), f[3])
   end
 
-  local day_counters = counters[k[8]] or {}
-  counters[k[8]] = day_counters
-  for field, increment in pairs(s[6]) do
-    day_counters[field] = (day_counters[field] or 0) + increment
-  end
-  local day_set = days[k[9]] or {}
-  days[k[9]] = day_set
-  day_set[s[5]] = true
-  streams[k[10]] = true
-  redis.call('XADD', k[10], '*', 'charged_tokens', charge,
-             'ts', s[7], 'request_id', s[8], 'key_id', s[9], 'model', s[10],
-             'provider', s[11], 'route_model', s[12], 'thinking', s[13],
-             'route_reason', s[14], 'route', s[15], 'prompt_tokens', s[16],
-             'completion_tokens', s[17], 'reasoning_tokens', s[18], 'cached_tokens', s[19],
-             'max_tokens', s[20], 'reserved_tokens', s[21], 'latency_ms', s[22],
-             'ttft_ms', s[23], 'status', s[24], 'error_code', s[25], 'cost', s[26])
+  record(k, s, charge)
   return charge
 end
 
-local replies = each_item(ARGV[4], 14, settle)
+local replies = each_item(ARGV[5], 14, settle)
 
 for held, amount in pairs(held_add) do
   redis.call('HINCRBY', held, '_sum', amount)

@@ -103,7 +103,7 @@ async def test_admission_rechecks_what_the_auth_cache_may_not_know(
         await access.admit(ticket(principal, 1, 1, model="b"))
     clock.now -= 3600
     rotated, _ = await access.store.rotate(principal.key_id)
-    with pytest.raises(AuthenticationError, match="revoked"):
+    with pytest.raises(AuthenticationError, match="has been rotated: use its new secret"):
         await access.admit(ticket(principal, 1, 1, model="b"))
     fresh = await access.authenticate(rotated)
     await access.admit(ticket(fresh, 1, 1, model="b"))

@@ -30,6 +30,9 @@ class GatedAccess:
     async def settle(self, grant: Grant, outcome: Outcome) -> None:
         self.settled.append((grant, outcome))
 
+    async def refused(self, ticket: Ticket, outcome: Outcome) -> None:
+        raise AssertionError("nothing is refused here")
+
 
 async def test_a_client_leaving_during_admission_gets_its_reservation_released() -> None:
     access = GatedAccess()
