@@ -51,8 +51,8 @@ class AdminSettings(BaseModel):
         default=10,
         ge=1,
         le=10000,
-        description="Console sign-in attempts allowed per client address per minute; more are "
-        "refused with 429.",
+        description="Console sign-in attempts allowed per client address in any 60 seconds (a "
+        "sliding window); more are refused with 429.",
     )
 
 
