@@ -13,9 +13,13 @@ from typing import Any
 
 import openai
 import pytest
+from redis.asyncio import Redis
 
+from gateway.keys.records import KeyCreate
+from gateway.keys.store import KeyStore
 from gateway.usage_store.rows import row_of
 from gateway.usage_store.store import UsageStore
+from testkit.gateway_app import REDIS_URL
 from tests.support.console import ADMIN_KEY, ConsoleGateway
 from tests.support.usage_records import stream_fields
 
@@ -194,3 +198,46 @@ async def test_a_reload_repeats_nothing_and_pages_stay_in_the_console(
     assert headers["x-content-type-options"] == "nosniff"
     assert headers["cache-control"] == "no-store"
     assert await page.get_by_role("link", name="Keys").count() == 1  # the console's own page
+
+
+async def test_refusals_show_in_the_overview_and_the_groupings(
+    console_gateway: ConsoleGateway, browser_page: Any, redis_prefix: str
+) -> None:
+    page, root = browser_page, console_gateway.root
+    redis = Redis.from_url(REDIS_URL)
+    secret, record = await KeyStore(redis, prefix=redis_prefix).create(
+        KeyCreate(name="limited", rpm=1)
+    )
+    await redis.aclose()
+    client = openai.AsyncOpenAI(base_url=f"{root}/v1", api_key=secret, max_retries=0)
+    try:
+        await client.chat.completions.create(
+            model="echo-model", messages=[{"role": "user", "content": "first"}]
+        )
+        with pytest.raises(openai.RateLimitError):
+            await client.chat.completions.create(
+                model="echo-model", messages=[{"role": "user", "content": "one too many"}]
+            )
+    finally:
+        await client.close()
+    await _sign_in(page, root, f"/admin/ui/requests?key={record.id}&status=429")
+    deadline = time.monotonic() + 20
+    while not await page.get_by_text("rate_limit_exceeded").count():
+        assert time.monotonic() < deadline, "the refusal never showed in Requests"
+        await asyncio.sleep(0.2)
+        await page.reload()
+    assert await page.get_by_text("(failed before routing)").count() == 1
+
+    await page.goto(f"{root}/admin/ui/overview?range=24h&key={record.id}")
+    error_rate = page.locator(".totals div", has_text="Error rate").locator("dd")
+    assert (await error_rate.inner_text()).strip() == "50.0 %"
+    await page.goto(f"{root}/admin/ui/usage?range=24h&group_by=error_code&key={record.id}")
+    rows = {
+        (await r.locator("td").nth(0).inner_text()).strip(): (
+            await r.locator("td").nth(1).inner_text()
+        ).strip()
+        for r in await page.locator("table.usage tbody tr").all()
+    }
+    assert rows == {"rate_limit_exceeded": "1", "no error": "1"}
+    await page.goto(f"{root}/admin/ui/usage?range=24h&group_by=route&key={record.id}")
+    assert await page.get_by_role("cell", name="failed before routing").count() == 1
