@@ -43,8 +43,9 @@ SERIES_PIXELS = """
 """
 
 
-async def _one_hour_of_traffic(path: Path, key_id: str) -> None:
-    """Records in the last hour only: in a 7-day hourly view, one period of 168 has data."""
+async def _one_hour_of_traffic(path: Path, key_id: str, revoked_id: str) -> None:
+    """Records in the last hour only: in a 7-day hourly view, one period of 168 has data. The
+    oldest is of a key since revoked."""
     store = await UsageStore.open(f"sqlite+aiosqlite:///{path}")
     now = time.time()
     rows = []
@@ -52,10 +53,13 @@ async def _one_hour_of_traffic(path: Path, key_id: str) -> None:
         fields = stream_fields(
             i,
             now - 60 - i,
-            key_id=key_id,
+            key_id=key_id if i < 5 else revoked_id,
             model="deepseek-reasoner-with-a-long-name",
             provider="an-upstream-provider",
             route_reason="auto: thinking on (the ask reads as hard), local queue full, upstream",
+            route_model="deepseek-reasoner-with-a-long-name-upstream",
+            route="provider=an-upstream-provider; model=deepseek-reasoner-with-a-long-name; "
+            "thinking=on; reason=auto",
             status="200" if i else "502",
             error_code="" if i else "upstream_unavailable",
         )
@@ -74,13 +78,18 @@ async def _sign_in(page: Any, root: str, target: str) -> None:
 
 
 async def test_plots_of_single_points_draw_and_the_tables_fit(
-    console_gateway: ConsoleGateway, browser_page: Any, tmp_path: Path
+    console_gateway: ConsoleGateway, browser_page: Any, tmp_path: Path, redis_prefix: str
 ) -> None:
     page, root = browser_page, console_gateway.root
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(str(e)))
-    await _one_hour_of_traffic(tmp_path / "usage.db", console_gateway.user_key_id)
+    redis = Redis.from_url(REDIS_URL)
+    keys = KeyStore(redis, prefix=redis_prefix)
+    _, gone = await keys.create(KeyCreate(name="revoked-since"))
+    await keys.revoke(gone.id)
+    await redis.aclose()
+    await _one_hour_of_traffic(tmp_path / "usage.db", console_gateway.user_key_id, gone.id)
     await _sign_in(page, root, "/admin/ui/overview?range=7d&interval=hour")
     await page.locator('[data-plot="plot-latency"] canvas').wait_for()
     for plot in ("requests", "tokens", "cost", "errors", "latency"):
@@ -99,9 +108,14 @@ async def test_plots_of_single_points_draw_and_the_tables_fit(
     assert box and scroller and box["x"] + box["width"] <= scroller["x"] + scroller["width"] + 1
     cost = await page.get_by_role("columnheader", name="Cost").bounding_box()
     assert cost and cost["x"] + cost["width"] <= 1280
-    link = page.locator("table.records tbody tr").first.locator("td").nth(1).locator("a")
-    assert (await link.inner_text()).strip() == "user"
-    assert await link.get_attribute("title") == console_gateway.user_key_id
+    rows = page.locator("table.records tbody tr")
+    for row, name, key_id in (
+        (0, "user", console_gateway.user_key_id),
+        (5, "revoked-since", gone.id),
+    ):
+        link = rows.nth(row).locator("td").nth(1).locator("a")
+        assert (await link.inner_text()).strip() == name
+        assert await link.get_attribute("title") == key_id
 
     # The stacked plot's legend lists the groups in the table's order.
     await page.goto(f"{root}/admin/ui/usage?range=24h&interval=hour&group_by=status")
