@@ -12,6 +12,7 @@ from providers.errors import (
     ProviderError,
     UpstreamAuthError,
     UpstreamBadRequest,
+    UpstreamDisconnected,
     UpstreamRateLimited,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -130,7 +131,7 @@ def broken_error(provider: str, exc: BaseException | None) -> UpstreamUnavailabl
     one reads as `refused_error`."""
     if isinstance(exc, Http1Refused):
         return refused_error(provider, exc)
-    return UpstreamUnavailable(
+    return UpstreamDisconnected(
         f"Provider '{provider}' broke off its answer before the end.",
         provider=provider,
         detail=describe(exc) if exc is not None else "the body ended without [DONE]",
