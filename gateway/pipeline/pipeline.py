@@ -14,7 +14,6 @@ routes fall back for as long as no token was sent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
@@ -146,7 +145,7 @@ class Pipeline:
                 # the bookkeeping, a cancelled handler cannot lose it, and `drain` awaits it.
                 self._track(self._settle(grant, outcome, wire), ticket.request_id)
 
-    async def _settle_first(
+    def _settle_first(
         self,
         grant: Grant,
         tally: Tally,
@@ -154,19 +153,22 @@ class Pipeline:
         request: web.Request,
         started: float,
         wire: Wire,
-    ) -> None:
+    ) -> asyncio.Future[None] | None:
         """Settle an answer whose last bytes are about to go out (status 200; a stream that broke
-        off with its failure's code), and return once Redis or the spool holds it. A client
-        that leaves meanwhile cancels only the wait; a settlement that failed is logged and the
-        answer goes out all the same."""
+        off with its failure's code). Returns what to await before writing them: done once
+        Redis or the spool holds the settlement, or failed to (logged by `_settled`: the answer
+        goes out all the same); None when there is nothing to wait for. A client that leaves
+        meanwhile cancels only that wait, never the settlement."""
         tally.settled = True
         outcome = self._outcome(
             grant.ticket, tally, decision, request.get(ROUTE, ""), started, 200, None
         )
         landing = self._track(self._settle(grant, outcome, wire), grant.ticket.request_id)
-        if landing is not None and not landing.done():
-            with contextlib.suppress(Exception):  # logged by `_settled`
-                await asyncio.shield(landing)
+        if landing is None or landing.done():
+            return None
+        landed: asyncio.Future[None] = landing.get_loop().create_future()
+        landing.add_done_callback(partial(_wake, landed))
+        return landed
 
     def _track(
         self, settlement: Awaitable[None] | None, request_id: str
@@ -213,7 +215,7 @@ class Pipeline:
         chat: ChatRequest,
         sampling: Sampling,
         tally: Tally,
-        settle: Callable[[], Awaitable[None]],
+        settle: Callable[[], asyncio.Future[None] | None],
     ) -> web.StreamResponse:
         resp = EventStreamResponse(
             headers={
@@ -238,7 +240,8 @@ class Pipeline:
                 if frame is not None and (busy := stream.send(frame)) is not None:
                     await busy
             last = b"".join(encoder.close())
-            await settle()  # billed before the client can have the whole answer
+            if (landing := settle()) is not None:  # billed before the client has it all
+                await landing
             await stream.finish(last)
         except Exception as exc:
             # Every route failed, the answer broke off, or a bug: once the headers are out, the
@@ -263,7 +266,8 @@ class Pipeline:
             tally.finish, tally.failure = None, err
             if isinstance(exc, perr.ProviderError) and counts_as_failure(exc):
                 tally.failed, tally.failed_with = True, describe_error(exc)
-            await settle()
+            if (landing := settle()) is not None:
+                await landing
             await stream.finish(encoder.fail(err))
         finally:
             await stream.close()
@@ -279,7 +283,7 @@ class Pipeline:
         model: str,
         events: AsyncGenerator[Event, None],
         tally: Tally,
-        settle: Callable[[], Awaitable[None]],
+        settle: Callable[[], asyncio.Future[None] | None],
     ) -> web.Response:
         agg = wire.aggregator()
         try:
@@ -294,7 +298,8 @@ class Pipeline:
         completion_id = wire.id_prefix + grant.ticket.request_id
         body = jsoncodec.dumps(agg.body(completion_id, model))
         resp = web.Response(body=body, content_type="application/json", headers=grant.headers)
-        await settle()  # billed before the client can have the answer
+        if (landing := settle()) is not None:  # billed before the client can have it
+            await landing
         # Written here, not after the handler returns: nothing is left to do after it.
         await resp.prepare(request)
         await resp.write_eof()
@@ -354,6 +359,11 @@ class Pipeline:
         except Exception:
             log.exception("settle_failed", request_id=grant.ticket.request_id)
             return None
+
+
+def _wake(landed: asyncio.Future[None], landing: asyncio.Future[None]) -> None:
+    if not landed.done():  # (cancelled: the client left while it was waited for)
+        landed.set_result(None)
 
 
 def _stream_error(exc: Exception) -> GatewayError:
