@@ -104,6 +104,7 @@ async def run(args: argparse.Namespace) -> None:
         per_tree = max(1, args.connections // len(gateways))
         urls = [f"{root}/v1/chat/completions" for _, _, root, _ in gateways]
         cpu: list[list[float]] = [[] for _ in gateways]
+        rates: list[list[float]] = [[] for _ in gateways]  # requests/s of each round
         with ThreadPoolExecutor(len(gateways)) as pool:
             for warm_or_round in range(args.rounds + 1):
                 before = [cpu_seconds(proc.pid) for _, proc, _, _ in gateways]
@@ -117,7 +118,8 @@ async def run(args: argparse.Namespace) -> None:
                     continue  # the first burst warms every gateway up
                 for i, result in enumerate(results):
                     cpu[i].append(1000 * (after[i] - before[i]) / result.requests)
-        report(args, [t for t, _, _, _ in gateways], cpu)
+                    rates[i].append(result.requests / args.seconds)
+        report(args, [t for t, _, _, _ in gateways], cpu, rates)
     finally:
         for _, proc, _, prefix in gateways:
             proc.send_signal(signal.SIGINT)
@@ -128,7 +130,9 @@ async def run(args: argparse.Namespace) -> None:
         mock.terminate()
 
 
-def report(args: argparse.Namespace, trees: list[Path], cpu: list[list[float]]) -> None:
+def report(
+    args: argparse.Namespace, trees: list[Path], cpu: list[list[float]], rates: list[list[float]]
+) -> None:
     print(
         f"{args.path} {args.mode}{', usage store on' if args.usage_store else ''}, "
         f"{args.connections} connections in all, gateways on CPU "
@@ -136,6 +140,8 @@ def report(args: argparse.Namespace, trees: list[Path], cpu: list[list[float]]) 
     )
     print(f"{'tree':40s} {'CPU/req median':>15s}  per round (ms); ratio to the first tree")
     print_per_tree(trees, cpu, "ms", 3)
+    print(f"{'tree':40s} {'req/s median':>15s}  per round; ratio to the first tree")
+    print_per_tree(trees, rates, "/s", 0)
 
 
 def print_per_tree(trees: list[Path], per_tree: list[list[float]], unit: str, digits: int) -> None:
