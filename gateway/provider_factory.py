@@ -51,6 +51,8 @@ def upstream_config(name: str, settings: ProviderSettings) -> UpstreamConfig:
         tcp_keepalive_s=settings.tcp_keepalive_s,
         proxy=settings.proxy_url(os.environ),
         fim=settings.fim,
+        total_timeout_s=settings.total_timeout_s,
+        ca_file=None if settings.ca_file is None else str(settings.ca_file),
     )
 
 

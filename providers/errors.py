@@ -64,6 +64,13 @@ class UpstreamUnavailable(ProviderError):
     retryable = True
 
 
+class UpstreamDisconnected(UpstreamUnavailable):
+    """The upstream broke off its answer before the end (the connection dropped or closed, or a
+    stream ended without its end)."""
+
+    code = "upstream_disconnected"
+
+
 class UpstreamTimeout(ProviderError):
     status = 504
     code = "upstream_timeout"

@@ -177,10 +177,12 @@ def start_gateway(
     *,
     tree: Path = ROOT,
     cpus: str | None = None,
+    usage_db: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """`bench` routes to the JSON upstream at `json_url`, `bench-stream` to `stream_url`.
     `busy_wait_us`: `[server] busy_wait_us` (None: the default). `tree`: the source tree that
-    serves (another checkout, for a comparison). `cpus`: a taskset CPU list to pin it to."""
+    serves (another checkout, for a comparison). `cpus`: a taskset CPU list to pin it to.
+    `usage_db`: a SQLite file for the usage store (None: the store off)."""
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "bench.toml"
     busy_wait = "" if busy_wait_us is None else f"busy_wait_us = {busy_wait_us}"
@@ -217,6 +219,9 @@ routes = [{{ provider = "stream", model = "echo-chunks-{chunks}" }}]
         "GATEWAY_USAGE__ENABLED": "false",
         "PYTHONPATH": str(tree),
     }
+    if usage_db is not None:
+        env["GATEWAY_USAGE__ENABLED"] = "true"
+        env["GATEWAY_USAGE__URL"] = f"sqlite+aiosqlite:///{usage_db}"
     launcher = ["-m", "gateway"]
     pin = ["taskset", "-c", cpus] if cpus is not None else []
     proc = subprocess.Popen(

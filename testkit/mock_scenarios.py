@@ -25,7 +25,7 @@ SCENARIOS = (
 )
 REASONING_TEXT = "The user wants their words back. I will repeat them."
 _WORD = re.compile(r"\S+\s*")
-_FLAGS = frozenset({"crlf", "nousage", "nodone", "json"})
+_FLAGS = frozenset({"crlf", "nousage", "nodone", "json", "comments"})
 
 
 @dataclass

@@ -19,6 +19,7 @@ streaming, die-midstream drops the connection, stall hangs and error-midstream a
                      0.01) before the data, and one after every data chunk
   die-midstream      `after` content chunks (default 3), then the connection is dropped
   stall              `after` content chunks (default 1), then silence until the client leaves
+                     (with `comments`: a `: keep-alive` comment every `gap` s, default 0.05)
   error-midstream    `after` content chunks (default 2), then `data: {"error": ...}`
   hang               never answers (not even headers) until the client leaves
 Options for every scenario:
@@ -246,6 +247,10 @@ class MockUpstream:
             assert request.transport is not None
             request.transport.abort()
             return resp
+        if "comments" in opts.flags:  # stall that looks alive: comments, never data
+            while True:
+                await resp.write(f": keep-alive{eol}{eol}".encode())
+                await asyncio.sleep(opts.gap or 0.05)
         await asyncio.Event().wait()  # stall: until the client leaves (cancels this handler)
         return resp
 

@@ -13,6 +13,7 @@ same tree read 0.96-1.05 per round this way, where bursts taken one after the ot
 
     .venv/bin/python benchmarks/compare_trees.py pinned TREE TREE [TREE...] [--path open|keyed]
         [--mode json|stream] [--rounds 8] [--seconds 3] [--connections 64] [--cpu 1]
+        [--usage-store]
 
 Needs wrk and nginx (apt-get install -y wrk nginx-light) and the shared Redis for keyed paths.
 """
@@ -26,6 +27,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -62,6 +64,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--connections", type=int, default=64, help="in all, split between trees")
     parser.add_argument("--cpu", default="1", help="the CPU (taskset list) the gateways share")
+    parser.add_argument(
+        "--usage-store", action="store_true", help="each gateway with its usage store (SQLite)"
+    )
     args = parser.parse_args()
     if len(args.trees) < 2:
         parser.error("give at least two trees")
@@ -80,9 +85,11 @@ async def run(args: argparse.Namespace) -> None:
     try:
         for tree in args.trees:
             prefix = f"bench-sbs:{uuid.uuid4().hex[:8]}:"
+            db = Path(tempfile.mkdtemp()) / "usage.db" if args.usage_store else None
             proc, root = start_gateway(
-                nginx.base_url, mock_url, CHUNKS, keyed, prefix, tree=tree, cpus=args.cpu
-            )
+                nginx.base_url, mock_url, CHUNKS, keyed, prefix, tree=tree, cpus=args.cpu,
+                usage_db=db,
+            )  # fmt: skip
             gateways.append((tree, proc, root, prefix))
         body = json.dumps(
             request_body(STREAM_MODEL if stream else "bench", CHUNKS, stream)
@@ -97,6 +104,7 @@ async def run(args: argparse.Namespace) -> None:
         per_tree = max(1, args.connections // len(gateways))
         urls = [f"{root}/v1/chat/completions" for _, _, root, _ in gateways]
         cpu: list[list[float]] = [[] for _ in gateways]
+        rates: list[list[float]] = [[] for _ in gateways]  # requests/s of each round
         with ThreadPoolExecutor(len(gateways)) as pool:
             for warm_or_round in range(args.rounds + 1):
                 before = [cpu_seconds(proc.pid) for _, proc, _, _ in gateways]
@@ -110,7 +118,8 @@ async def run(args: argparse.Namespace) -> None:
                     continue  # the first burst warms every gateway up
                 for i, result in enumerate(results):
                     cpu[i].append(1000 * (after[i] - before[i]) / result.requests)
-        report(args, [t for t, _, _, _ in gateways], cpu)
+                    rates[i].append(result.requests / args.seconds)
+        report(args, [t for t, _, _, _ in gateways], cpu, rates)
     finally:
         for _, proc, _, prefix in gateways:
             proc.send_signal(signal.SIGINT)
@@ -121,13 +130,18 @@ async def run(args: argparse.Namespace) -> None:
         mock.terminate()
 
 
-def report(args: argparse.Namespace, trees: list[Path], cpu: list[list[float]]) -> None:
+def report(
+    args: argparse.Namespace, trees: list[Path], cpu: list[list[float]], rates: list[list[float]]
+) -> None:
     print(
-        f"{args.path} {args.mode}, {args.connections} connections in all, gateways on CPU "
+        f"{args.path} {args.mode}{', usage store on' if args.usage_store else ''}, "
+        f"{args.connections} connections in all, gateways on CPU "
         f"{args.cpu}, {args.rounds} rounds of {args.seconds:g} s"
     )
     print(f"{'tree':40s} {'CPU/req median':>15s}  per round (ms); ratio to the first tree")
     print_per_tree(trees, cpu, "ms", 3)
+    print(f"{'tree':40s} {'req/s median':>15s}  per round; ratio to the first tree")
+    print_per_tree(trees, rates, "/s", 0)
 
 
 def print_per_tree(trees: list[Path], per_tree: list[list[float]], unit: str, digits: int) -> None:

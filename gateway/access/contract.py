@@ -83,12 +83,13 @@ class Outcome:
     """What actually happened, for settlement and the usage record."""
 
     usage: Usage
-    status: int  # HTTP status the client saw; a stream that failed mid-way has its failure's
+    status: int  # HTTP status the client saw (a stream that failed mid-way: its 200)
     provider: str = ""
     route_model: str = ""
     thinking: bool | None = None
     latency_ms: float = 0.0
     ttft_ms: float | None = None
+    # What went wrong, as the client was told (a stream that failed mid-way: its error event's)
     error_code: str | None = None
     route_reason: str = ""  # why this route and thinking mode (see gateway/routing/explain.py)
     route: str = ""  # the x-gateway-route header the client got

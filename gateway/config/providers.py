@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -63,7 +64,17 @@ class ProviderSettings(BaseModel):
         "(keep-alive comments do not count).",
     )
     idle_timeout_s: float = Field(
-        default=120.0, gt=0, description="A streamed answer: the longest silence between reads."
+        default=120.0,
+        gt=0,
+        description="A streamed answer: the longest wait for its next data event (keep-alive "
+        "comments do not count).",
+    )
+    total_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="The most one answer from this provider may take, from the request to its "
+        "last byte, however it streams: a stream kept open by comments, or trickling data, is "
+        "cut off here (an error event after the first token, else the next route is tried).",
     )
     answer_timeout_s: float = Field(
         default=600.0,
@@ -81,6 +92,12 @@ class ProviderSettings(BaseModel):
     )
     headers: dict[str, str] = Field(
         default_factory=dict, description="Extra HTTP headers sent with every upstream request."
+    )
+    ca_file: Path | None = Field(
+        default=None,
+        description="A PEM file of the certificate authorities this https upstream's "
+        "certificate is verified against, in place of the system's (a private CA). Unset: the "
+        "system's trust store, or the file SSL_CERT_FILE names.",
     )
     direct_models: tuple[str, ...] = Field(
         default=(),

@@ -8,6 +8,8 @@ Secrets never live in the TOML file: providers name the environment variable hol
 from __future__ import annotations
 
 import os
+import re
+import ssl
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -210,6 +212,23 @@ class Settings(BaseSettings):
                         f"provider {name!r}: the key in environment variable {env} {problem}; "
                         "an HTTP header cannot carry it (check for a trailing newline)"
                     )
+            for header, value in provider.headers.items():
+                problem = header_value_problem(value)
+                if not _TOKEN.fullmatch(header):
+                    problem = "has a name that is not an HTTP token"
+                if problem:  # the value is never repeated: it may be a secret
+                    raise ValueError(
+                        f"provider {name!r}: the header {header!r} in `headers` {problem}; "
+                        "an HTTP header cannot carry it"
+                    )
+            if provider.ca_file is not None:
+                try:
+                    ssl.create_default_context(cafile=provider.ca_file)
+                except (OSError, ssl.SSLError) as exc:
+                    raise ValueError(
+                        f"provider {name!r}: ca_file {str(provider.ca_file)!r} is not a readable "
+                        f"PEM file of certificates ({exc})"
+                    ) from None
             if provider.proxy is None:
                 try:
                     url = provider.proxy_url(os.environ)
@@ -304,6 +323,9 @@ class Settings(BaseSettings):
             else:
                 live[name] = provider
         return live, skipped
+
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP field name (RFC 9110)
 
 
 def header_value_problem(value: str) -> str:

@@ -37,6 +37,7 @@ class Tally:
     failed_with: str = ""  # that failure, for the breaker's last error
     breaker_key: tuple[str, str, str] | None = None  # the route key that answered
     failure: GatewayError | None = None  # what ended a stream after its headers were sent
+    settled: bool = False  # settled before the answer's last bytes (the `finally` need not)
 
     def see(self, event: Event) -> None:
         if isinstance(event, TextDelta | ReasoningDelta | ToolCallDelta):

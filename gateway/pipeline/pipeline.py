@@ -1,18 +1,21 @@
 """The request path after parsing: route -> admit -> provider (with fallback) -> encode -> settle.
 
 One `Pipeline` per app. `serve` answers one chat or completions request, streaming frame by
-frame or as one JSON body, and settles usage from a `finally` whatever happened (success, provider
-error, client disconnect). Settlement follows the response's last byte and runs beside the next
-request (its Redis call is sent at once, with no task of its own); `drain` waits for it (the app
-does on shutdown, so nothing is lost). A stream is kept alive while it has
-nothing to say (gateway/server/sse_stream.py); routes fall back for as long as no token was sent.
+frame or as one JSON body. An answer that reaches its end (a stream's last frame, the error event
+of a stream that broke off, a JSON body) is settled before those last bytes are written, and the
+write waits until Redis, or the spool on disk, holds the settlement: whatever a client received in
+full is billed, even if the process dies the instant after. Every other ending (an error status,
+a client that left) is settled from a `finally`, beside the next request (its Redis call is sent
+at once, with no task of its own); `drain` waits for those (the app does on shutdown, so nothing
+is lost). A stream is kept alive while it has nothing to say (gateway/server/sse_stream.py);
+routes fall back for as long as no token was sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from functools import partial
 
@@ -115,14 +118,17 @@ class Pipeline:
         started = time.perf_counter()
         tally = Tally()
         status, error_code = 200, None
+        settle = partial(self._settle_first, grant, tally, decision, request, started, wire)
         self.metrics.in_flight.inc()
         try:
             if chat.stream:
-                return await self._stream(request, wire, grant, decision, chat, sampling, tally)
+                return await self._stream(
+                    request, wire, grant, decision, chat, sampling, tally, settle
+                )
             events = await self.fallback.open(
                 request, decision, chat, sampling, tally, ticket.counted_model
             )
-            return await self._json(request, wire, grant, public_model, events, tally)
+            return await self._json(request, wire, grant, public_model, events, tally, settle)
         except GatewayError as exc:
             status, error_code = exc.status, exc.code
             raise
@@ -136,22 +142,52 @@ class Pipeline:
             self.metrics.in_flight.dec()
             if tally.breaker_key is not None and tally.failed:
                 self.breakers.failure(tally.breaker_key, tally.failed_with)
-            outcome = self._outcome(
-                ticket, tally, decision, request.get(ROUTE, ""), started, status, error_code
-            )
-            # The answer is out by now (an error answer follows): the client does not wait
-            # for the bookkeeping, a cancelled handler cannot lose it, and `drain` awaits it.
-            self._track(self._settle(grant, outcome, wire), ticket.request_id)
+            if not tally.settled:
+                outcome = self._outcome(
+                    ticket, tally, decision, request.get(ROUTE, ""), started, status, error_code
+                )
+                # An error answer follows (or the client left): the client does not wait for
+                # the bookkeeping, a cancelled handler cannot lose it, and `drain` awaits it.
+                self._track(self._settle(grant, outcome, wire), ticket.request_id)
 
-    def _track(self, settlement: Awaitable[None] | None, request_id: str) -> None:
+    def _settle_first(
+        self,
+        grant: Grant,
+        tally: Tally,
+        decision: Decision,
+        request: web.Request,
+        started: float,
+        wire: Wire,
+    ) -> asyncio.Future[None] | None:
+        """Settle an answer whose last bytes are about to go out (status 200; a stream that broke
+        off with its failure's code). Returns what to await before writing them: done once
+        Redis or the spool holds the settlement, or failed to (logged by `_settled`: the answer
+        goes out all the same); None when there is nothing to wait for. A client that leaves
+        meanwhile cancels only that wait, never the settlement."""
+        tally.settled = True
+        outcome = self._outcome(
+            grant.ticket, tally, decision, request.get(ROUTE, ""), started, 200, None
+        )
+        landing = self._track(self._settle(grant, outcome, wire), grant.ticket.request_id)
+        if landing is None or landing.done():
+            return None
+        landed: asyncio.Future[None] = landing.get_loop().create_future()
+        landing.add_done_callback(partial(_wake, landed))
+        return landed
+
+    def _track(
+        self, settlement: Awaitable[None] | None, request_id: str
+    ) -> asyncio.Future[None] | None:
+        """Follow a settlement under way until it lands (`drain` waits for it); its future."""
         if settlement is None:
-            return
+            return None
         landing = asyncio.ensure_future(settlement)
         if landing.done():  # nothing to wait for (auth off)
             self._settled(request_id, landing)
-            return
+            return landing
         self._settling.add(landing)
         landing.add_done_callback(partial(self._settled, request_id))
+        return landing
 
     def _settled(self, request_id: str, landing: asyncio.Future[None]) -> None:
         self._settling.discard(landing)
@@ -203,6 +239,7 @@ class Pipeline:
         chat: ChatRequest,
         sampling: Sampling,
         tally: Tally,
+        settle: Callable[[], asyncio.Future[None] | None],
     ) -> web.StreamResponse:
         resp = EventStreamResponse(
             headers={
@@ -226,26 +263,36 @@ class Pipeline:
                 frame = encoder.encode(event)
                 if frame is not None and (busy := stream.send(frame)) is not None:
                     await busy
-            await stream.finish(b"".join(encoder.close()))
+            last = b"".join(encoder.close())
+            if (landing := settle()) is not None:  # billed before the client has it all
+                await landing
+            await stream.finish(last)
         except Exception as exc:
             # Every route failed, the answer broke off, or a bug: once the headers are out, the
             # error can only be reported in the stream, in the protocol's own way (a second
-            # response would land inside this one's body), and it is recorded as what it was,
-            # not as the 200 the headers said.
+            # response would land inside this one's body), and it is recorded with the error
+            # code that event carries, beside the 200 the headers said.
             if isinstance(exc, ConnectionResetError):  # the client left
                 raise
             if not stream.committed:
                 if isinstance(exc, perr.ProviderError):
                     raise provider_error_to_gateway(exc) from None
                 raise
+            if tally.settled:  # the last frame's write failed: nothing more can be sent
+                raise
             err = _stream_error(exc)
             detail = exc.detail if isinstance(exc, perr.ProviderError) else ""
             log.warning("stream_failed", code=err.code, error=err.message, detail=detail)
+            route = tally.route
+            provider = route.provider_name if route is not None else ""
+            self.metrics.errors.labels(grant.ticket.counted_model, provider, err.code or "").inc()
             await stream.open()
-            await stream.finish(encoder.fail(err))
             tally.finish, tally.failure = None, err
             if isinstance(exc, perr.ProviderError) and counts_as_failure(exc):
                 tally.failed, tally.failed_with = True, describe_error(exc)
+            if (landing := settle()) is not None:
+                await landing
+            await stream.finish(encoder.fail(err))
         finally:
             await stream.close()
             if events is not None:
@@ -260,6 +307,7 @@ class Pipeline:
         model: str,
         events: AsyncGenerator[Event, None],
         tally: Tally,
+        settle: Callable[[], asyncio.Future[None] | None],
     ) -> web.Response:
         agg = wire.aggregator()
         try:
@@ -274,7 +322,9 @@ class Pipeline:
         completion_id = wire.id_prefix + grant.ticket.request_id
         body = jsoncodec.dumps(agg.body(completion_id, model))
         resp = web.Response(body=body, content_type="application/json", headers=grant.headers)
-        # Written here, not after the handler returns: settlement then follows the last byte.
+        if (landing := settle()) is not None:  # billed before the client can have it
+            await landing
+        # Written here, not after the handler returns: nothing is left to do after it.
         await resp.prepare(request)
         await resp.write_eof()
         return resp
@@ -293,8 +343,10 @@ class Pipeline:
             prompt_tokens=ticket.prompt_tokens, completion_tokens=tally.deltas
         )
         ttft = (tally.first_at - started) * 1000 if tally.first_at is not None else None
-        if tally.failure is not None and status == 200:  # recorded as what it was, not a 200
-            status, error_code = tally.failure.status, tally.failure.code
+        if tally.failure is not None and status == 200:
+            # The stream broke off after its 200: recorded with the 200 the client got and the
+            # error code its last event carried (it counts as an error wherever errors count).
+            error_code = tally.failure.code
         route = tally.route
         return Outcome(
             usage=usage,
@@ -331,6 +383,11 @@ class Pipeline:
         except Exception:
             log.exception("settle_failed", request_id=grant.ticket.request_id)
             return None
+
+
+def _wake(landed: asyncio.Future[None], landing: asyncio.Future[None]) -> None:
+    if not landed.done():  # (cancelled: the client left while it was waited for)
+        landed.set_result(None)
 
 
 def _stream_error(exc: Exception) -> GatewayError:

@@ -103,6 +103,7 @@ class ChatBody(_CommonBody):
 
 class CompletionBody(_CommonBody):
     prompt: str | list[str]
+    best_of: int | None = Field(default=None, ge=1, le=128)
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = Field(default=None, ge=0, le=5)
@@ -209,9 +210,29 @@ def parse_chat(data: Any, request_id: str) -> tuple[ChatBody, ChatRequest]:
     return body, request
 
 
+def _check_prompt_text(data: Any) -> None:
+    """A prompt of token ids (a list of integers, or a list of such lists) is refused by name,
+    before validation would call it an invalid string."""
+    prompt = data.get("prompt") if isinstance(data, dict) else None
+    if isinstance(prompt, list) and any(
+        isinstance(p, int) or (isinstance(p, list) and all(isinstance(t, int) for t in p))
+        for p in prompt
+    ):
+        raise InvalidRequest(
+            "Token-id prompts are not supported; send the prompt as text.",
+            param="prompt",
+            code="unsupported_value",
+        )
+
+
 def parse_completion(data: Any, request_id: str) -> tuple[CompletionBody, ChatRequest]:
+    _check_prompt_text(data)
     body = validate_body(CompletionBody, data)
     _check_n(body)
+    if body.best_of is not None and body.best_of != 1:
+        raise InvalidRequest(
+            "Only best_of=1 is supported.", param="best_of", code="unsupported_value"
+        )
     prompt = body.prompt
     if isinstance(prompt, list):
         if len(prompt) != 1:

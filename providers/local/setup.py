@@ -46,7 +46,7 @@ def demo_checkpoint_dir(demo_dir: Path, preset: str, *, trained: bool = False) -
 
 def _weights(trained: bool) -> str:
     if trained:
-        return "trained demo (Python source; code completion works, answers are not useful)"
+        return "trained demo (a demo of the architecture: its answers are not useful text)"
     return "random (answers are random tokens)"
 
 

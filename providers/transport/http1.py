@@ -15,7 +15,8 @@ Contract:
   connection back to the pool when the answer was read to its end and both sides keep it alive,
   and closes it otherwise (an abandoned, timed-out or cancelled read never leaves a half-read
   connection in the pool).
-- Errors are `Http1Error` (the connection failed, or closed before the answer ended),
+- Errors are `Http1Error` (the connection failed, or closed before the answer ended;
+  `CertificateError` when the origin's TLS certificate could not be verified),
   `Http1Refused` (the answer broke one of the `AnswerLimits` or came in an encoding the client
   does not read) and `ConnectTimeout` (no connection within the pool's connect timeout). A
   pooled connection that the server closed while idle is noticed before use or, if it dies
@@ -43,6 +44,7 @@ from plumbing.busy_wait import BusyWait
 from plumbing.turn_writes import WriteTurn
 from providers.transport.http1_bounds import (
     AnswerLimits,
+    CertificateError,
     ConnectTimeout,
     Http1Error,
     Http1Refused,
@@ -54,6 +56,7 @@ from providers.transport.http1_response import Http1Response
 
 __all__ = [
     "AnswerLimits",
+    "CertificateError",
     "ConnectTimeout",
     "Http1Error",
     "Http1Pool",
@@ -244,6 +247,8 @@ class Http1Pool:
                 f"no connection to {self._host}:{self._port}{via} "
                 f"within {self._connect_timeout_s:g} s"
             ) from None
+        except ssl.SSLCertVerificationError as exc:
+            raise CertificateError(exc.verify_message or str(exc)) from exc
         except OSError as exc:
             raise Http1Error(f"cannot connect to {self._host}:{self._port}{via}: {exc}") from exc
         finally:

@@ -17,6 +17,15 @@ class ConnectTimeout(Http1Error):
     """No connection within the connect timeout."""
 
 
+class CertificateError(Http1Error):
+    """The upstream's TLS certificate could not be verified (an unknown authority, a name that
+    does not match, an expired certificate)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"TLS certificate verification failed: {reason}")
+        self.reason = reason
+
+
 class Http1Timeout(Http1Error):
     """The exchange's deadline passed (the connection is closed: its answer is abandoned)."""
 

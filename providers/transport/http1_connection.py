@@ -11,7 +11,9 @@ values joined once at the head's end), of at most `max_field_bytes` each (checke
 head's end, and only when the bytes received could hold a field that long), a head of at most
 `max_head_bytes` (checked per read: a field that never ends is cut off there), and a body of at most
 `max_body_bytes` after decoding (providers/transport/http1_decode.py: gzip and deflate, any other
-coding refused). Beyond a bound, the exchange fails with `Http1Refused`.
+coding refused). A Transfer-Encoding other than plain `chunked` (`gzip, chunked`, say) is refused
+too, by name: it would otherwise be handed on still encoded. Beyond a bound, the exchange fails
+with `Http1Refused`.
 Informational answers (1xx) before the final one are skipped. Bytes that arrive while no request
 is outstanding (an unsolicited 408 on an idle connection) close the connection: they never
 become part of the next exchange. A body that ends with the connection (no length, not chunked)
@@ -223,7 +225,12 @@ class Connection(asyncio.Protocol):
             for key, values in self._repeated.items():
                 headers[key] = ", ".join(values)
             self._repeated = None
-        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        coded = headers.get("transfer-encoding")
+        chunked = coded is not None
+        if coded is not None and coded.strip().lower() != "chunked":  # e.g. "gzip, chunked"
+            raise Http1Refused(
+                f"the answer's Transfer-Encoding is {coded.strip()[:60]!r}; only 'chunked' is read"
+            )
         self._until_eof = (
             "content-length" not in headers
             and not chunked
@@ -241,22 +248,27 @@ class Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self._decoder is not None:
             try:
-                body = self._decoder.feed(body)
+                pieces = self._decoder.feed(body)
             except DecodeError as exc:
                 raise Http1Refused(str(exc)) from None
-        else:
-            self._body_bytes += len(body)
-            if self._body_bytes > self._limits.max_body_bytes:
-                raise Http1Refused(
-                    f"the answer's body is longer than {self._limits.max_body_bytes} bytes"
-                )
+            for piece in pieces:
+                self._buffer(piece)
+            return
+        self._body_bytes += len(body)
+        if self._body_bytes > self._limits.max_body_bytes:
+            raise Http1Refused(
+                f"the answer's body is longer than {self._limits.max_body_bytes} bytes"
+            )
         if body:
-            self._body.append(body)
-            self._buffered += len(body)
-            if self._buffered > _HIGH_WATER and not self._paused and self._transport:
-                self._paused = True
-                self._transport.pause_reading()
-            self._wake()
+            self._buffer(body)
+
+    def _buffer(self, body: bytes) -> None:
+        self._body.append(body)
+        self._buffered += len(body)
+        if self._buffered > _HIGH_WATER and not self._paused and self._transport:
+            self._paused = True
+            self._transport.pause_reading()
+        self._wake()
 
     def on_message_complete(self) -> None:
         if self._interim:

@@ -50,3 +50,7 @@ class UpstreamConfig:
     tcp_keepalive_s: float = 30.0
     proxy: str | None = field(default=None, repr=False)
     fim: FimStyle = "suffix"  # how it takes fill-in-the-middle requests (openai_wire.FimStyle)
+    # A PEM file of the certificate authorities an https upstream is verified against, in place
+    # of the system's (None: the system's, which SSL_CERT_FILE and SSL_CERT_DIR may point at).
+    ca_file: str | None = None
+    total_timeout_s: float = 1800.0  # the most a whole answer may take, however it streams

@@ -12,11 +12,12 @@ from providers.errors import (
     ProviderError,
     UpstreamAuthError,
     UpstreamBadRequest,
+    UpstreamDisconnected,
     UpstreamRateLimited,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from providers.transport.http1_bounds import Http1Refused
+from providers.transport.http1_bounds import CertificateError, Http1Refused
 
 
 def http_error(provider: str, status: int, message: str, retry_after: str | None) -> ProviderError:
@@ -84,22 +85,38 @@ def parse_retry_after(value: str | None) -> int | None:
 
 
 def timeout_error(
-    provider: str, what: str, connect_s: float, first_byte_s: float, idle_s: float, answer_s: float
+    provider: str,
+    what: str,
+    connect_s: float,
+    first_byte_s: float,
+    idle_s: float,
+    answer_s: float,
+    *,
+    total_s: float = 0.0,
 ) -> UpstreamTimeout:
-    """The timeout `what` ("connect", "first byte", "idle", "answer", or another step's name)
-    in the words a client reads, with the limit that ran out."""
+    """The timeout `what` ("connect", "first byte", "idle", "answer", "total", or another
+    step's name) in the words a client reads, with the limit that ran out."""
     who = f"Provider '{provider}'"
     message = {
         "connect": f"{who} could not be connected to within {connect_s:g} s.",
         "first byte": f"{who} did not start its answer within {first_byte_s:g} s "
         "(first byte timeout).",
-        "idle": f"{who} went silent for {idle_s:g} s in the middle of its answer (idle timeout).",
+        "idle": f"{who} sent no data for {idle_s:g} s in the middle of its answer (idle "
+        "timeout; keep-alive comments do not count).",
+        "total": f"{who} did not finish its answer within {total_s:g} s (total timeout).",
         "answer": f"{who} did not complete its answer within {answer_s:g} s (answer timeout).",
     }.get(what, f"{who} did not answer in time ({what}).")
     return UpstreamTimeout(message, provider=provider)
 
 
 def unreachable_error(provider: str, exc: BaseException) -> UpstreamUnavailable:
+    if isinstance(exc, CertificateError):  # the operator's to fix: said to the client as well
+        return UpstreamUnavailable(
+            f"Provider '{provider}' could not be reached: TLS certificate verification failed "
+            f"({exc.reason}).",
+            provider=provider,
+            detail=describe(exc),
+        )
     return UpstreamUnavailable(
         f"Provider '{provider}' could not be reached.", provider=provider, detail=describe(exc)
     )
@@ -130,7 +147,7 @@ def broken_error(provider: str, exc: BaseException | None) -> UpstreamUnavailabl
     one reads as `refused_error`."""
     if isinstance(exc, Http1Refused):
         return refused_error(provider, exc)
-    return UpstreamUnavailable(
+    return UpstreamDisconnected(
         f"Provider '{provider}' broke off its answer before the end.",
         provider=provider,
         detail=describe(exc) if exc is not None else "the body ended without [DONE]",

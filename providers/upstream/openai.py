@@ -21,6 +21,7 @@ serves us is a failure the router can route around); `idle_timeout_s` between re
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
@@ -136,8 +137,15 @@ class OpenAIUpstream:
                 idle_expiry_s=config.pool_idle_timeout_s,
                 keepalive_s=config.tcp_keepalive_s,
                 proxy=Proxy.parse(config.proxy) if config.proxy else None,
+                ssl_context=self._tls(),
             )
         return self._pool
+
+    def _tls(self) -> ssl.SSLContext | None:
+        """The trust for an https upstream: `ca_file`'s authorities, else the system's (None)."""
+        if self._config.ca_file is None:
+            return None
+        return ssl.create_default_context(cafile=self._config.ca_file)
 
     def _open_session(self) -> aiohttp.ClientSession:
         self._refuse_if_closed()
@@ -147,6 +155,7 @@ class OpenAIUpstream:
             headers.update(config.headers)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
+                    ssl=self._tls() or True,
                     limit=config.max_connections,
                     keepalive_timeout=config.pool_idle_timeout_s,
                 ),
@@ -184,9 +193,13 @@ class OpenAIUpstream:
         config = self._config
         streamed = config.stream_upstream or request.stream
         url, body = self._request(request, streamed)
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        total_by = now + config.total_timeout_s  # the whole answer, comments or not
         deadline = now + (config.first_byte_timeout_s if streamed else config.answer_timeout_s)
         waiting_for = "first byte" if streamed else "answer"
+        if total_by < deadline:
+            deadline, waiting_for = total_by, "total"
         headers, placement = self._account(request)
         if placement is not None:
             yield Placed(placement)
@@ -202,8 +215,9 @@ class OpenAIUpstream:
             if resp.content_type != "text/event-stream":
                 # A JSON answer to a streamed request: its body is read like one chunk.
                 # Non-streamed: read by the answer deadline, still armed.
-                by = deadline + config.idle_timeout_s if streamed else None
-                answer = await self._read_json(resp, by, "idle" if streamed else "answer")
+                by = min(deadline + config.idle_timeout_s, total_by) if streamed else None
+                what = "total" if by == total_by else "idle" if streamed else waiting_for
+                answer = await self._read_json(resp, by, what)
                 self._decode(decoder.feed, answer, out, "answer")
                 if not decoder.finished:
                     raise unreadable_error(
@@ -214,12 +228,18 @@ class OpenAIUpstream:
                     yield event
                 return
             parser = SSEParser()
-            first_data_by: float | None = deadline  # None once data flows: idle timeouts apply
+            # The next data event is due by `data_by` (comments do not count): the first within
+            # the first-byte timeout, each later one within the idle timeout of the one before;
+            # and the whole answer by `total_by`.
+            data_by, idle_s = deadline, config.idle_timeout_s
             while True:
-                chunk = await self._read_chunk(resp, reads, first_data_by)
+                if data_by < total_by:
+                    chunk = await self._read_chunk(resp, reads, data_by, waiting_for)
+                else:
+                    chunk = await self._read_chunk(resp, reads, total_by, "total")
                 frames = parser.feed(chunk) if chunk else parser.flush()
                 if frames:
-                    first_data_by = None
+                    data_by, waiting_for = loop.time() + idle_s, "idle"
                 failure: ProviderError | None = None
                 try:
                     done = self._frames(frames, decoder, out)
@@ -245,17 +265,14 @@ class OpenAIUpstream:
             resp.close()
 
     async def _read_chunk(
-        self, resp: Http1Response, reads: ReadDeadline, first_data_by: float | None
+        self, resp: Http1Response, reads: ReadDeadline, timeout_at: float, waiting_for: str
     ) -> bytes:
-        """The next body bytes (b"" at the end), within the first-data deadline or idle timeout."""
-        if first_data_by is None:
-            timeout_at = asyncio.get_running_loop().time() + self._config.idle_timeout_s
-        else:
-            timeout_at = first_data_by
+        """The next body bytes (b"" at the end), by `timeout_at` (else the `waiting_for`
+        timeout)."""
         try:
             return await reads.read(resp.readany(), timeout_at)
         except TimeoutError:
-            raise self._timeout("idle" if first_data_by is None else "first byte") from None
+            raise self._timeout(waiting_for) from None
         except Http1Error as exc:
             raise broken_error(self.name, exc) from exc
 
@@ -374,7 +391,7 @@ class OpenAIUpstream:
     def _timeout(self, what: str) -> UpstreamTimeout:
         c = self._config
         limits = (c.connect_timeout_s, c.first_byte_timeout_s, c.idle_timeout_s, c.answer_timeout_s)
-        return timeout_error(self.name, what, *limits)
+        return timeout_error(self.name, what, *limits, total_s=c.total_timeout_s)
 
     async def models(self) -> list[ModelCard]:
         if self._config.models:

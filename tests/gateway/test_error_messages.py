@@ -81,8 +81,8 @@ async def test_credentials_refused_upstream_is_the_operators_problem(gateway: Ga
         ),
         (
             "impatient/stall-after-1",
-            "Provider 'impatient' went silent for 0.3 s in the middle of its answer "
-            "(idle timeout).",
+            "Provider 'impatient' sent no data for 0.3 s in the middle of its answer "
+            "(idle timeout; keep-alive comments do not count).",
         ),
     ],
 )

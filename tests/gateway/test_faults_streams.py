@@ -84,20 +84,22 @@ async def test_upstream_dying_before_the_first_token_is_a_recorded_error(
 
 
 @pytest.mark.parametrize(
-    ("model", "status"),
+    ("model", "code"),
     [
-        ("die-model", "502"),  # the connection dropped after 3 chunks
-        ("error-model", "502"),  # an error event after 2 chunks
-        ("stall-impatient-model", "504"),  # silent past the idle timeout
+        ("die-model", "upstream_disconnected"),  # the connection dropped after 3 chunks
+        ("error-model", "upstream_unavailable"),  # an error event after 2 chunks
+        ("stall-impatient-model", "upstream_timeout"),  # silent past the idle timeout
     ],
 )
 async def test_a_stream_that_fails_mid_way_is_recorded_as_the_failure_it_was(
-    gw: Keyed, session: aiohttp.ClientSession, model: str, status: str
+    gw: Keyed, session: aiohttp.ClientSession, model: str, code: str
 ) -> None:
     got, body = await chat(session, gw.root, gw.key, model, stream=True)
     assert got == 200 and b'"error"' in body  # the client saw the failure in the stream
+    assert f'"code": "{code}"'.encode() in body or f'"code":"{code}"'.encode() in body
     record = await only_record(gw)
-    assert record["status"] == status and record["error_code"]
+    # The 200 the client got, and the error its stream ended with.
+    assert (record["status"], record["error_code"]) == ("200", code)
     assert int(record["completion_tokens"]) >= 1  # what was produced is charged
     assert await errors_counted(gw) == 1
     await next_requests_succeed(gw, session)

@@ -41,6 +41,19 @@ class Probed(Gateway):
         finally:
             await redis.aclose()
 
+    async def outcomes(self) -> list[str]:
+        """Every usage record's status, and its error code where it has one ("200
+        upstream_unavailable": a stream that failed after its 200), oldest first."""
+        redis = Redis.from_url(REDIS_URL)
+        try:
+            entries = await redis.xrange(KeySpace(self.prefix).usage_log())
+            return [
+                " ".join(filter(None, (text(f[b"status"]), text(f.get(b"error_code", b"")))))
+                for _, f in entries
+            ]
+        finally:
+            await redis.aclose()
+
 
 async def clear_prefix(prefix: str) -> None:
     """Remove every key under `prefix` from the shared Redis."""

@@ -196,16 +196,30 @@ async def test_a_crash_between_commit_and_ack_stores_nothing_twice(
 
 
 _CHILD = """
-import asyncio, sys
+import asyncio, pathlib, sys
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
-from gateway.usage_store import consumer as consumer_module
 from gateway.usage_store.consumer import UsageConsumer
 from gateway.config.usage import UsageSettings
 from gateway.usage_store.store import UsageStore
 
+HELD_AT = 4  # batches stored before the one the child is held in
+
 async def main():
     store = await UsageStore.open(sys.argv[1])
+    held = pathlib.Path(sys.argv[4])
+    insert, batches = store.insert, 0
+
+    async def insert_then_hold(rows):
+        # Batches 1..HELD_AT are stored; the next one is read (pending in the group, not
+        # stored, not acked) when the child says so and waits to be killed.
+        nonlocal batches
+        batches += 1
+        if batches > HELD_AT:
+            held.write_text(str(len(rows)))
+            await asyncio.Event().wait()
+        return await insert(rows)
+
+    store.insert = insert_then_hold
     redis = Redis.from_url(sys.argv[3])
     settings = UsageSettings(enabled=True, batch_size=50, block_ms=50)
     await UsageConsumer(redis, store, stream=sys.argv[2], settings=settings,
@@ -215,28 +229,35 @@ asyncio.run(main())
 """
 
 
-def start_child(store_url: str, stream: str) -> subprocess.Popen[bytes]:
-    """A consumer in a process of its own (named "child"), on the shared Redis."""
+def start_child(store_url: str, stream: str, held: Path) -> subprocess.Popen[bytes]:
+    """A consumer in a process of its own (named "child"), on the shared Redis, that stores 4
+    batches of 50 and is then held in its 5th, read and not stored, until killed; it writes
+    that batch's size to `held` when it gets there."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    return subprocess.Popen([sys.executable, "-c", _CHILD, store_url, stream, REDIS_URL], env=env)
+    args = [sys.executable, "-c", _CHILD, store_url, stream, REDIS_URL, str(held)]
+    return subprocess.Popen(args, env=env)
 
 
 @pytest.mark.slow
 async def test_a_consumer_killed_mid_batch_loses_nothing(
-    store_url: str, redis: Redis, stream: str
+    store_url: str, redis: Redis, stream: str, tmp_path: Path
 ) -> None:
     store = await UsageStore.open(store_url)
-    child = start_child(store_url, stream)
+    held = tmp_path / "held"
+    added = await add(redis, stream, 3000)  # before the child reads: every batch is full
+    child = start_child(store_url, stream, held)
     try:
-        added = await add(redis, stream, 3000)
 
-        async def some_stored() -> bool:
-            return await store.count() >= 200
+        async def child_held() -> bool:
+            return held.exists() and held.read_text() != ""
 
-        await eventually(some_stored)
-        child.send_signal(signal.SIGKILL)  # mid-stream, most likely mid-batch
+        await eventually(child_held, within_s=120)  # a child's start is slow on a busy machine
+        # Known point: 4 batches stored and one read, not stored, not acknowledged.
+        assert await store.count() == 200
+        pending = await redis.xpending(stream, SETTINGS.group)
+        assert pending["pending"] >= int(held.read_text()) == 50
+        child.send_signal(signal.SIGKILL)  # mid-batch
         child.wait(timeout=10)
-        assert await store.count() < 3000
         alive = consumer(redis, store, stream, name="alive", claim_idle_s=0.05)
 
         async def all_stored() -> bool:

@@ -125,6 +125,31 @@ async def test_requests_are_stored_priced_and_reported(
         await asyncio.sleep(0.05)
 
 
+async def test_streams_that_broke_off_after_their_200_count_as_errors(served: Served) -> None:
+    """An upstream dropping the connection mid-answer: a streamed request gets its 200, some
+    chunks and an error event; one not streamed gets a 502. Both are errors in the reports."""
+    body = {
+        "model": "mock/die-midstream-after-2",
+        "messages": [{"role": "user", "content": "a b c d"}],
+    }
+    headers = {"Authorization": f"Bearer {served.key}"}
+    async with aiohttp.ClientSession() as session:
+        for stream in (True, True, False):
+            async with session.post(
+                f"{served.root}/v1/chat/completions",
+                json={**body, "stream": stream},
+                headers=headers,
+            ) as resp:
+                text = await resp.text()
+                assert resp.status == (200 if stream else 502)
+                assert ("upstream_disconnected" if stream else "upstream_unavailable") in text
+    await stored(served, 3)
+    status, summary = await served.get("/admin/usage/summary", group_by="status,error_code")
+    assert status == 200
+    rows = [(r["status"], r["error_code"], r["requests"], r["errors"]) for r in summary["data"]]
+    assert rows == [(200, "upstream_disconnected", 2, 2), (502, "upstream_unavailable", 1, 1)]
+
+
 @pytest.mark.parametrize(
     ("path", "params", "param", "says"),
     [

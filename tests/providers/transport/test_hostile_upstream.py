@@ -402,17 +402,37 @@ def gzip_bomb(inflated: int) -> bytes:
     return b"".join(parts) + squeeze.flush()
 
 
-async def test_a_gzip_bomb_fails_with_memory_bounded(pools: list[Http1Pool]) -> None:
-    bomb = gzip_bomb(512 << 20)  # 0.5 MB that inflates to 512 MiB
+@pytest.mark.parametrize("limit", [16 << 20, 64 << 20])  # 64 MiB: the default body limit
+async def test_a_gzip_bomb_fails_with_memory_near_the_body_limit(
+    pools: list[Http1Pool], limit: int
+) -> None:
+    bomb = gzip_bomb(512 << 20)  # 0.5 MB that inflates to 512 MiB, in one read or a few
+    limits = http1.AnswerLimits(max_body_bytes=limit)
     async with Upstream(answering(answer(bomb, "Content-Encoding: gzip"))) as url:
+        pool = pool_for(pools, url, limits=limits)
         tracemalloc.start()
         try:
-            with pytest.raises(Http1Error, match="decompresses to more than 67108864 bytes"):
-                await fetch(pool_for(pools, url))
+            with pytest.raises(Http1Error, match=f"decompresses to more than {limit} bytes"):
+                await fetch(pool)
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-    assert peak < 200 << 20  # the 64 MiB default body limit and a copy, not 512 MiB
+    # What was inflated up to the limit, and little else: not a copy of it, nor 512 MiB.
+    assert peak < limit + (4 << 20), peak
+
+
+@pytest.mark.parametrize("coding", ["gzip, chunked", "gzip", "identity, chunked", "deflate"])
+async def test_a_transfer_encoding_other_than_chunked_is_refused_by_name(
+    pools: list[Http1Pool], coding: str
+) -> None:
+    body = gzip.compress(BODY)
+    framed = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    reply = answer(framed, f"Transfer-Encoding: {coding}", length=False)
+    async with Upstream(answering(reply, answer(BODY))) as url:
+        pool = pool_for(pools, url)
+        with pytest.raises(Http1Error, match=f"Transfer-Encoding is '{coding}'"):
+            await fetch(pool)
+        assert await fetch(pool) == (200, {"content-length": str(len(BODY))}, BODY)
 
 
 async def test_the_body_limit_holds_for_plain_and_encoded_bodies(pools: list[Http1Pool]) -> None:

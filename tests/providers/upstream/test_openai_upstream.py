@@ -340,6 +340,35 @@ async def test_idle_timeout(make: Factory, mock_upstream: MockUpstream) -> None:
     await mock_upstream.wait_disconnect()
 
 
+async def test_comments_after_the_first_data_do_not_hold_a_stream_open(
+    make: Factory, mock_upstream: MockUpstream
+) -> None:
+    """An upstream that sends only `: keep-alive` comments after its first data: the idle
+    deadline runs from the last data event, whatever comments came since."""
+    events: list[Event] = []
+    with pytest.raises(UpstreamTimeout, match="sent no data for 0.3 s") as caught:
+        async for event in make(idle_timeout_s=0.3).chat(chat("stall-after-1-comments-gap-0.05")):
+            events.append(event)
+    assert "keep-alive comments do not count" in caught.value.message
+    assert text_of(events) == "tell "
+    await mock_upstream.wait_disconnect()
+
+
+async def test_the_total_timeout_bounds_an_answer_that_keeps_sending(
+    make: Factory, mock_upstream: MockUpstream
+) -> None:
+    """Data every 0.05 s keeps the idle deadline away; the total deadline still ends it."""
+    events: list[Event] = []
+    upstream = make(idle_timeout_s=5.0, total_timeout_s=0.4)
+    with pytest.raises(UpstreamTimeout, match=r"within 0.4 s \(total timeout\)"):
+        async for event in upstream.chat(chat("echo-chunks-400-gap-0.05")):
+            events.append(event)
+    assert 0 < len(text_of(events).split()) < 400
+    await mock_upstream.wait_disconnect()
+    with pytest.raises(UpstreamTimeout, match="total timeout"):  # comments count for nothing
+        await collect(make(idle_timeout_s=5.0, total_timeout_s=0.4), chat("stall-after-1-comments"))
+
+
 async def test_closing_the_stream_disconnects_upstream(
     make: Factory, mock_upstream: MockUpstream
 ) -> None:
