@@ -37,9 +37,10 @@ class EngineSettings(BaseModel):
     demo_weights: Literal["trained", "random"] = Field(
         default="trained",
         description='Without model_path: "trained" serves the demo model trained on the '
-        "standard library's Python source (plain and fill-in-the-middle; built once with a "
-        'progress bar, about two minutes on two cores for the tiny preset), "random" the '
-        "untrained one (built in seconds; its answers are random tokens).",
+        "standard library's Python source (plain and fill-in-the-middle; built once, by one "
+        "process per data directory, while the gateway already listens and /readyz shows how "
+        'far it is: a few minutes on two cores for the tiny preset), "random" the untrained '
+        "one (built in seconds; its answers are random tokens).",
     )
     config: EngineConfig = Field(
         default_factory=EngineConfig,

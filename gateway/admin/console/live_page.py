@@ -12,8 +12,8 @@ from aiohttp import web
 
 from gateway.admin.console.web import page
 from gateway.cluster.membership import cluster_detail
-from gateway.resources import BREAKERS, CLUSTER, REDIS, ROUTER, SETTINGS
-from gateway.server.readiness import readiness
+from gateway.resources import CLUSTER, ROUTER
+from gateway.server.readiness import app_readiness
 
 REFRESH_S = 3
 
@@ -58,10 +58,8 @@ def engine_row(name: str, stats: Any, rate: float | None) -> dict[str, Any]:
 
 async def _state(request: web.Request) -> dict[str, Any]:
     app = request.config_dict
-    settings = app[SETTINGS]
     router = app[ROUTER]
-    local = [n for n, p in settings.live_providers()[0].items() if p.kind == "local"]
-    ready, body = await readiness(app[REDIS], router, app[BREAKERS], local)
+    ready, body = await app_readiness(app)
     rates = request.app[RATES]
     now = time.monotonic()
     engines = []
@@ -77,7 +75,9 @@ async def _state(request: web.Request) -> dict[str, Any]:
     return {
         "ready": ready,
         "checks": body["checks"],
+        "loading": body["loading"],
         "failing_models": body["failing_models"],
+        "serving_models": body["serving_models"],
         "providers": body["providers"],
         "engines": engines,
         "cluster": cluster_detail(cluster) if cluster is not None else None,

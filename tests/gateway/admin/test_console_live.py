@@ -44,8 +44,10 @@ def test_engine_rates_and_fragment() -> None:
         .get_template("live_state.jinja")
         .render(
             ready=False,
-            checks={"redis": True, "models": False},
+            checks={"redis": True, "engine:local": False, "accepting": True},
+            loading={"engine:local": "training demo 45%"},
             failing_models=["deepseek-chat"],
+            serving_models=["gpt-4o", "claude"],
             engines=[engine],
             providers={
                 "deepseek": {
@@ -75,7 +77,9 @@ def test_engine_rates_and_fragment() -> None:
             },
         )
     )
-    assert "Not ready" in html and "failing deepseek-chat" in html
+    assert "Not ready: engine:local training demo 45%" in html
+    assert "engine:local loading" in html and "redis ok" in html
+    assert "1 model down: deepseek-chat; the other 2 (gpt-4o, claude) serve." in html
     assert "40 / 100" in html and "75.0 %" in html and "60.0 %" in html and "250.0" in html
     assert "deepseek-chat: open" in html and "probe in 4.5 s" in html and "HTTP 502" in html
     assert "n2" in html and "10 / 20" in html
