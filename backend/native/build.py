@@ -2,7 +2,12 @@
 
 ``cc -O3 -march=native`` builds a shared library on first use, cached under the user's cache
 directory by a hash of the source, the flags and the CPU's instruction-set flags (a library built
-for one CPU is never loaded on another). No compiler, a failed build or a non-Linux machine gives
+for one CPU is never loaded on another). Where no compiler is found (a slim container image), the
+portable build made ahead of time is loaded instead: ``python -m backend.native.build --portable``
+compiles the same sources for the architecture's baseline (x86-64-v2: SSE4.2, any x86-64 CPU since
+about 2009; armv8-a on ARM) into ``prebuilt/`` beside this file (or ``$GATEWAY_NATIVE_PREBUILT``),
+named by a hash of the sources and flags, so a stale one is never loaded. The Dockerfile does this
+in its build stage. No compiler and no portable build, a failed build or a non-Linux machine gives
 None: callers then take the torch path.
 """
 
@@ -12,6 +17,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -24,6 +30,7 @@ logger = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemv.c", "fused.c", "mla.c"))
 HEADERS = (Path(__file__).with_name("dot.h"),)
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
+PORTABLE_MARCH = {"x86_64": "x86-64-v2", "aarch64": "armv8-a"}
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 # name: argument types (every function returns an int status, 0 for success)
 SIGNATURES: dict[str, list[type]] = {
@@ -69,17 +76,46 @@ def _cpu_flags() -> str:
     return ""
 
 
-def compile_library(extra_flags: tuple[str, ...] = (), directory: Path | None = None) -> Path:
-    """The path of the built library (built now unless cached). Raises OSError or
-    subprocess.CalledProcessError when there is no compiler or the build fails."""
+def _key(flags: tuple[str, ...], cpu: str) -> str:
+    texts = [path.read_bytes() for path in (*SOURCES, *HEADERS)]
+    return hashlib.sha256(b"\0".join([*texts, " ".join(flags).encode(), cpu.encode()])).hexdigest()
+
+
+def portable_flags() -> tuple[str, ...]:
+    """The flags of the portable build for this machine's architecture."""
+    march = PORTABLE_MARCH.get(platform.machine())
+    if march is None:
+        raise OSError(f"no portable build for the {platform.machine()} architecture")
+    return tuple(f"-march={march}" if f == "-march=native" else f for f in FLAGS)
+
+
+def prebuilt_dir() -> Path:
+    return Path(os.environ.get("GATEWAY_NATIVE_PREBUILT") or Path(__file__).with_name("prebuilt"))
+
+
+def portable_path(directory: Path | None = None) -> Path:
+    """Where the portable build of these sources is (or goes)."""
+    key = _key(portable_flags(), "")
+    return (directory or prebuilt_dir()) / f"portable-{platform.machine()}-{key[:16]}.so"
+
+
+def compile_library(
+    extra_flags: tuple[str, ...] = (), directory: Path | None = None, *, portable: bool = False
+) -> Path:
+    """The path of the built library (built now unless cached): for this CPU, or `portable`
+    (the architecture's baseline, into `prebuilt_dir()` unless `directory` says). Raises
+    OSError or subprocess.CalledProcessError when there is no compiler or the build fails."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise OSError("no C compiler (cc) on PATH")
-    flags = (*FLAGS, *extra_flags)
-    texts = [path.read_bytes() for path in (*SOURCES, *HEADERS)]
-    key = hashlib.sha256(b"\0".join([*texts, " ".join(flags).encode(), _cpu_flags().encode()]))
-    out_dir = directory or cache_dir()
-    target = out_dir / f"gemv-{key.hexdigest()[:16]}.so"
+    if portable:
+        flags = (*portable_flags(), *extra_flags)
+        target = portable_path(directory)
+        out_dir = target.parent
+    else:
+        flags = (*FLAGS, *extra_flags)
+        out_dir = directory or cache_dir()
+        target = out_dir / f"gemv-{_key(flags, _cpu_flags())[:16]}.so"
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -93,6 +129,7 @@ def compile_library(extra_flags: tuple[str, ...] = (), directory: Path | None = 
             capture_output=True,
             timeout=120,
         )
+        os.chmod(partial, 0o755)  # readable by whichever user serves (a prebuilt one)
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):
@@ -112,11 +149,40 @@ def load_library(path: Path) -> ctypes.CDLL:
 
 @cache
 def library() -> ctypes.CDLL | None:
-    """The kernels built for this CPU, or None where they cannot be (logged once)."""
+    """The kernels built for this CPU, else the portable build made ahead of time, or None
+    where neither can be had (logged once)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         return load_library(compile_library())
     except (OSError, subprocess.SubprocessError) as exc:
-        logger.warning("native CPU kernels unavailable, using torch: %s", exc)
-        return None
+        reason: Exception = exc
+    try:
+        prebuilt = portable_path()
+        if prebuilt.exists():
+            lib = load_library(prebuilt)
+            logger.info("native CPU kernels: the portable build %s (%s)", prebuilt.name, reason)
+            return lib
+    except OSError as exc:
+        reason = exc
+    logger.warning("native CPU kernels unavailable, using torch: %s", reason)
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Build the C kernels ahead of time.")
+    parser.add_argument(
+        "--portable",
+        action="store_true",
+        required=True,
+        help="for the architecture's baseline (x86-64-v2 / armv8-a), not this CPU",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="default: prebuilt/ beside this")
+    args = parser.parse_args(argv)
+    print(compile_library(directory=args.out, portable=args.portable))
+
+
+if __name__ == "__main__":
+    main()
