@@ -1,7 +1,8 @@
 # Two stages: the builder has a C compiler and builds the package into a virtual environment,
-# with the native CPU kernels compiled for a portable baseline (x86-64-v2; armv8-a on ARM); the
-# runtime image gets the environment and no compiler. Where a compiler does exist at run time,
-# the engine builds kernels tuned for the host's CPU and prefers them (backend/native/build.py).
+# with the native CPU kernels compiled for each portable level (x86-64-v3 and v4; armv8-a on
+# ARM: the engine loads the best the CPU runs, and the torch path below v3); the runtime image
+# gets the environment and no compiler. Where a compiler does exist at run time, the engine builds kernels tuned for the
+# host's own CPU and prefers them (backend/native/build.py).
 #
 # TORCH_INDEX: the package index torch is installed from. The default is PyTorch's CPU index;
 # for the CUDA build name a CUDA one (docker-compose.gpu.yml uses

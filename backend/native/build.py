@@ -2,13 +2,15 @@
 
 ``cc -O3 -march=native`` builds a shared library on first use, cached under the user's cache
 directory by a hash of the source, the flags and the CPU's instruction-set flags (a library built
-for one CPU is never loaded on another). Where no compiler is found (a slim container image), the
+for one CPU is never loaded on another). Where no compiler is found (a slim container image), a
 portable build made ahead of time is loaded instead: ``python -m backend.native.build --portable``
-compiles the same sources for the architecture's baseline (x86-64-v2: SSE4.2, any x86-64 CPU since
-about 2009; armv8-a on ARM) into ``prebuilt/`` beside this file (or ``$GATEWAY_NATIVE_PREBUILT``),
-named by a hash of the sources and flags, so a stale one is never loaded. The Dockerfile does this
-in its build stage. No compiler and no portable build, a failed build or a non-Linux machine gives
-None: callers then take the torch path.
+compiles the same sources for each of the architecture's levels (x86-64-v4: AVX-512; x86-64-v3:
+AVX2 and FMA, any x86-64 CPU since about 2015; armv8-a on ARM) into ``prebuilt/`` beside this
+file (or ``$GATEWAY_NATIVE_PREBUILT``), each named by a hash of the sources and flags, so a stale
+one is never loaded; the highest level this CPU has is loaded. Below x86-64-v3 the torch path
+serves: the plain SSE build decoded slower than torch (benchmarks/native_builds.py). The
+Dockerfile does this in its build stage. No compiler and no portable build, a failed build or a
+non-Linux machine gives None: callers then take the torch path.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ logger = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemv.c", "fused.c", "mla.c"))
 HEADERS = (Path(__file__).with_name("dot.h"),)
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c11")
-PORTABLE_MARCH = {"x86_64": "x86-64-v2", "aarch64": "armv8-a"}
+# Per architecture, the portable levels, best first, with the CPU flags each needs.
+PORTABLE_LEVELS: dict[str, tuple[tuple[str, frozenset[str]], ...]] = {
+    "x86_64": (
+        ("x86-64-v4", frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
+        ("x86-64-v3", frozenset({"avx2", "fma", "bmi2", "f16c", "movbe"})),
+    ),
+    "aarch64": (("armv8-a", frozenset()),),
+}
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 # name: argument types (every function returns an int status, 0 for success)
 SIGNATURES: dict[str, list[type]] = {
@@ -81,11 +90,15 @@ def _key(flags: tuple[str, ...], cpu: str) -> str:
     return hashlib.sha256(b"\0".join([*texts, " ".join(flags).encode(), cpu.encode()])).hexdigest()
 
 
-def portable_flags() -> tuple[str, ...]:
-    """The flags of the portable build for this machine's architecture."""
-    march = PORTABLE_MARCH.get(platform.machine())
-    if march is None:
+def portable_levels() -> tuple[tuple[str, frozenset[str]], ...]:
+    """This machine's architecture's portable levels, best first (march, CPU flags needed)."""
+    levels = PORTABLE_LEVELS.get(platform.machine())
+    if levels is None:
         raise OSError(f"no portable build for the {platform.machine()} architecture")
+    return levels
+
+
+def portable_flags(march: str) -> tuple[str, ...]:
     return tuple(f"-march={march}" if f == "-march=native" else f for f in FLAGS)
 
 
@@ -93,24 +106,34 @@ def prebuilt_dir() -> Path:
     return Path(os.environ.get("GATEWAY_NATIVE_PREBUILT") or Path(__file__).with_name("prebuilt"))
 
 
-def portable_path(directory: Path | None = None) -> Path:
-    """Where the portable build of these sources is (or goes)."""
-    key = _key(portable_flags(), "")
-    return (directory or prebuilt_dir()) / f"portable-{platform.machine()}-{key[:16]}.so"
+def portable_path(march: str, directory: Path | None = None) -> Path:
+    """Where the portable build of these sources for level `march` is (or goes)."""
+    key = _key(portable_flags(march), "")
+    return (directory or prebuilt_dir()) / f"portable-{march}-{key[:16]}.so"
+
+
+def portable_for_this_cpu(directory: Path | None = None) -> Path | None:
+    """The best portable build present that this CPU can run."""
+    have = set(_cpu_flags().split())
+    for march, needs in portable_levels():
+        path = portable_path(march, directory)
+        if needs <= have and path.exists():
+            return path
+    return None
 
 
 def compile_library(
-    extra_flags: tuple[str, ...] = (), directory: Path | None = None, *, portable: bool = False
+    extra_flags: tuple[str, ...] = (), directory: Path | None = None, *, portable: str = ""
 ) -> Path:
-    """The path of the built library (built now unless cached): for this CPU, or `portable`
-    (the architecture's baseline, into `prebuilt_dir()` unless `directory` says). Raises
-    OSError or subprocess.CalledProcessError when there is no compiler or the build fails."""
+    """The path of the built library (built now unless cached): for this CPU, or for the
+    `portable` level (a march, into `prebuilt_dir()` unless `directory` says). Raises OSError
+    or subprocess.CalledProcessError when there is no compiler or the build fails."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise OSError("no C compiler (cc) on PATH")
     if portable:
-        flags = (*portable_flags(), *extra_flags)
-        target = portable_path(directory)
+        flags = (*portable_flags(portable), *extra_flags)
+        target = portable_path(portable, directory)
         out_dir = target.parent
     else:
         flags = (*FLAGS, *extra_flags)
@@ -158,8 +181,8 @@ def library() -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError) as exc:
         reason: Exception = exc
     try:
-        prebuilt = portable_path()
-        if prebuilt.exists():
+        prebuilt = portable_for_this_cpu()
+        if prebuilt is not None:
             lib = load_library(prebuilt)
             logger.info("native CPU kernels: the portable build %s (%s)", prebuilt.name, reason)
             return lib
@@ -177,11 +200,12 @@ def main(argv: list[str] | None = None) -> None:
         "--portable",
         action="store_true",
         required=True,
-        help="for the architecture's baseline (x86-64-v2 / armv8-a), not this CPU",
+        help="for each of the architecture's levels (x86-64-v3, v4 / armv8-a), not this CPU",
     )
     parser.add_argument("--out", type=Path, default=None, help="default: prebuilt/ beside this")
     args = parser.parse_args(argv)
-    print(compile_library(directory=args.out, portable=args.portable))
+    for march, _ in portable_levels():
+        print(compile_library(directory=args.out, portable=march))
 
 
 if __name__ == "__main__":
