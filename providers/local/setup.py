@@ -103,6 +103,22 @@ def resolve_checkpoint(
     return target
 
 
+class _LoadReport:
+    """The weights' load: progress for readiness ("loading checkpoint 45%"), and an
+    `engine_load_progress` log event at each tenth."""
+
+    def __init__(self, progress: LoadProgress) -> None:
+        self._progress = progress
+        self._logged = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        self._progress.set("loading checkpoint", done / total)
+        tenth = done * 10 // total
+        if tenth != self._logged:
+            self._logged = tenth
+            log.info("engine_load_progress", tensors=done, of=total, percent=done * 100 // total)
+
+
 @asynccontextmanager
 async def load_local_provider(
     name: str,
@@ -144,7 +160,13 @@ async def load_local_provider(
     progress.set("loading checkpoint")
     tokenizer = await asyncio.to_thread(Tokenizer.from_dir, checkpoint)
     engine = await asyncio.to_thread(
-        partial(AsyncEngine.from_checkpoint, on_block_event=on_block_event), checkpoint, config
+        partial(
+            AsyncEngine.from_checkpoint,
+            on_block_event=on_block_event,
+            on_load_progress=_LoadReport(progress),
+        ),
+        checkpoint,
+        config,
     )
     progress.set("starting engine")
     engine.start()

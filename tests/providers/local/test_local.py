@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import torch
+from structlog.testing import capture_logs
 
 from backend.demo_checkpoint import write_demo_checkpoint
 from backend.engine.engine_config import EngineConfig
 from backend.text.tokenizer import Tokenizer
 from providers.errors import InvalidRequest
+from providers.local.deferred import LoadProgress
 from providers.local.provider import LocalProvider
 from providers.local.setup import demo_checkpoint_dir, load_local_provider, resolve_checkpoint
 from providers.local.stream import StopMatcher
@@ -325,3 +327,27 @@ def test_stop_matcher_releases_a_false_start() -> None:
 def test_stop_matcher_picks_the_earliest_stop() -> None:
     matcher = StopMatcher(["cd", "b"])
     assert matcher.feed("abcd") == "a"
+
+
+async def test_loading_reports_its_progress(checkpoint: Path) -> None:
+    """What readiness and the log say while the weights load: the share of tensors loaded,
+    then the engine starting; a log event at each tenth."""
+    config = EngineConfig(
+        max_num_seqs=2, block_size=BLOCK_SIZE, cache_memory_bytes=1 << 20, num_threads=1
+    )
+    progress = LoadProgress()
+    seen: list[str] = []
+    real_set = progress.set
+
+    def noting(phase: str, fraction: float | None = None) -> None:
+        real_set(phase, fraction)
+        seen.append(progress.describe())
+
+    progress.set = noting  # type: ignore[method-assign]
+    with capture_logs() as logs:
+        async with load_local_provider("local", config, model_path=checkpoint, progress=progress):
+            pass
+    loading = [s for s in seen if s.startswith("loading checkpoint ")]
+    assert loading[-1] == "loading checkpoint 100%" and seen[-1] == "starting engine"
+    percents = [e["percent"] for e in logs if e["event"] == "engine_load_progress"]
+    assert percents == sorted(percents) and percents[-1] == 100 and len(percents) <= 11
