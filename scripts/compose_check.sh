@@ -91,7 +91,7 @@ build_args=()
 if [ -n "${TORCH_INDEX:-}" ]; then build_args=(--build-arg "TORCH_INDEX=$TORCH_INDEX"); fi
 
 step "build the image"
-"${COMPOSE[@]}" -p "$PROJECT" build "${build_args[@]}"
+"${COMPOSE[@]}" -p "$PROJECT" build ${build_args[@]+"${build_args[@]}"}
 
 step "up --wait (healthy as soon as it listens), then ready once the demo is trained"
 "${COMPOSE[@]}" -p "$PROJECT" up -d --wait --wait-timeout 300
