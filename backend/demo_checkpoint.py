@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from backend.demo_train import TrainOptions, train_weights
+from backend.demo_train import StepReport, TrainOptions, train_weights
 from backend.model import fp8
 from backend.model.config import ModelConfig
 from backend.model.dtypes import dtype_name
@@ -214,9 +214,10 @@ def write_demo_checkpoint(
     num_shards: int = 2,
     tokenizer: bool = True,
     train: TrainOptions | None = None,
+    report: StepReport | None = None,
 ) -> Path:
     """Write the checkpoint directory and return its path. Same seed -> same source weights;
-    `train` trains them first (it needs the tokenizer files)."""
+    `train` trains them first (it needs the tokenizer files), telling `report` of each step."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     raw = demo_config(preset, overrides)
@@ -228,7 +229,7 @@ def write_demo_checkpoint(
         write_tokenizer_files(out)
     weights = random_weights(config, seed)
     if train is not None:
-        weights = train_weights(config, weights, Tokenizer.from_dir(out), train)
+        weights = train_weights(config, weights, Tokenizer.from_dir(out), train, report)
     tensors = _to_storage(weights, dtype, use_fp8)
     _write_shards(out, tensors, max(num_shards, 2))
     (out / "config.json").write_text(json.dumps(raw, indent=2))

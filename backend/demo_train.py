@@ -20,9 +20,10 @@ the model learns to write the middle after a FIM prompt (``Tokenizer.encode_fim`
 from __future__ import annotations
 
 import math
+import sys
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,7 @@ class TrainOptions:
     fim_rate: float = 0.0
     max_chars: int = 3_000_000
     seed: int = 0
-    progress: bool = True
+    progress: bool = True  # where stderr is a terminal: a progress bar and a closing line
     # torch threads while training (None: as set). One suits the tiny preset: its matrices are
     # too small to share, and two threads on a busy 2-core machine ran 10x slower than one.
     threads: int | None = None
@@ -187,24 +188,37 @@ class _Trainable(torch.nn.Module):
             full[used] = rows
 
 
+# Told of each step done: (steps done, steps in all, the main loss). It may raise to stop
+# training (the exception propagates out of `train_weights`).
+StepReport = Callable[[int, int, float], None]
+
+
 def train_weights(
-    config: ModelConfig, tensors: dict[str, Tensor], tokenizer: Tokenizer, options: TrainOptions
+    config: ModelConfig,
+    tensors: dict[str, Tensor],
+    tokenizer: Tokenizer,
+    options: TrainOptions,
+    report: StepReport | None = None,
 ) -> dict[str, Tensor]:
     """Start from `tensors` (fp32, every name of the model and its MTP layer); return trained
-    fp32 tensors under the same names."""
+    fp32 tensors under the same names. `report` hears of every step."""
     if config.num_nextn_predict_layers < 1:
         raise ValueError("the model has no MTP layer to train")
     threads = torch.get_num_threads()
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     try:
-        return _train(config, tensors, tokenizer, options)
+        return _train(config, tensors, tokenizer, options, report)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train(
-    config: ModelConfig, tensors: dict[str, Tensor], tokenizer: Tokenizer, options: TrainOptions
+    config: ModelConfig,
+    tensors: dict[str, Tensor],
+    tokenizer: Tokenizer,
+    options: TrainOptions,
+    report: StepReport | None,
 ) -> dict[str, Tensor]:
     torch.manual_seed(options.seed)
     model = DeepseekV3ForCausalLM(config, dtype=torch.float32, include_mtp=True)
@@ -225,7 +239,9 @@ def _train(
     if span < 1:
         raise ValueError("the corpus is shorter than one training window")
     started = time.monotonic()
-    bar = tqdm(range(options.steps), desc="training", unit="step", disable=not options.progress)
+    # The bar's carriage returns belong on a terminal only (not in a log stream).
+    shown = options.progress and sys.stderr.isatty()
+    bar = tqdm(range(options.steps), desc="training", unit="step", disable=not shown)
     model.train()
     for step in bar:
         for group in optimizer.param_groups:
@@ -237,10 +253,13 @@ def _train(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
-        bar.set_postfix(loss=f"{main.item():.2f}", mtp=f"{mtp.item():.2f}")
+        main_loss = main.item()
+        bar.set_postfix(loss=f"{main_loss:.2f}", mtp=f"{mtp.item():.2f}")
+        if report is not None:
+            report(step + 1, options.steps, main_loss)
     bar.close()
     trainable.write_back(used)
-    if options.progress:
+    if shown:
         print(
             f"trained {options.steps} steps on {compact.numel()} corpus tokens "
             f"({used.numel()} distinct) in {time.monotonic() - started:.0f} s"

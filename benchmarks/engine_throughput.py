@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import random
-import socket
 import statistics
 import time
 import uuid
@@ -29,7 +28,6 @@ from typing import Any
 
 import aiohttp
 import torch
-from aiohttp import web
 
 from backend.engine.engine_config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
@@ -243,12 +241,11 @@ async def gateway_latency(args: argparse.Namespace, checkpoint: Path) -> None:
     # Imported here: with --parts ac the benchmark runs where only torch is installed.
     from redis.asyncio import Redis
 
-    from gateway.app import create_app
     from gateway.config.settings import Settings
     from gateway.keys.records import KeyCreate
     from gateway.keys.store import KeyStore
     from gateway.observability.logging import configure_logging
-    from gateway.server.http_server import GatewayRunner
+    from testkit.gateway_app import start_gateway
 
     prefix = f"bench:{uuid.uuid4().hex}:"
     settings = Settings(
@@ -271,13 +268,7 @@ async def gateway_latency(args: argparse.Namespace, checkpoint: Path) -> None:
         },
     )
     configure_logging(settings.logging)
-    runner = GatewayRunner(create_app(settings), access_log=None, shutdown_timeout=1)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    await web.SockSite(runner, sock).start()
-    root = f"http://127.0.0.1:{port}"
+    runner, root = await start_gateway(settings)
     redis = Redis.from_url(args.redis_url)
     try:
         secret, _ = await KeyStore(redis, prefix=prefix).create(KeyCreate(name="bench"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
@@ -26,8 +27,10 @@ from gateway.resources import (
     ACCESS,
     BREAKERS,
     CLUSTER,
+    DRAINING,
     ENGINE_HOST,
     METRICS,
+    ON_FATAL,
     PIPELINE,
     REDIS,
     ROUTER,
@@ -62,6 +65,7 @@ def create_app(settings: Settings, *, worker: int = 0) -> web.Application:
     app[WORKER] = worker
     app[METRICS] = Metrics()
     app[SIGNER] = thinking_signer(settings)
+    app[DRAINING] = asyncio.Event()
     app.on_response_prepare.append(add_request_id)
     app.on_response_prepare.append(add_route_header)
     app.cleanup_ctx.append(_resources)
@@ -143,7 +147,14 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             app[ENGINE_HOST] = cluster
             register_cluster_metrics(app[METRICS].registry, cluster)
         providers = await stack.enter_async_context(
-            open_providers(settings, app[METRICS], cluster, worker=worker, busy=busy)
+            open_providers(
+                settings,
+                app[METRICS],
+                cluster,
+                worker=worker,
+                busy=busy,
+                on_engine_failure=app.get(ON_FATAL),
+            )
         )
         if settings.shares_engine and worker == 0:
             from gateway.engine_host.worker_share import engine_share

@@ -130,9 +130,9 @@ def provider_error_to_gateway(exc: perr.ProviderError) -> GatewayError:
     message = exc.message
     if isinstance(exc, perr.UpstreamRateLimited):
         return RateLimited(message, retry_after=exc.retry_after or 1, code="upstream_rate_limited")
-    if isinstance(exc, perr.Overloaded):
+    if isinstance(exc, perr.Overloaded | perr.EngineLoading):
         retry = str(exc.retry_after or 1)
-        return ServiceUnavailable(message, code="overloaded", headers={"Retry-After": retry})
+        return ServiceUnavailable(message, code=exc.code, headers={"Retry-After": retry})
     if isinstance(exc, perr.InvalidRequest):
         return InvalidRequest(message, param=exc.param)
     if isinstance(exc, perr.UpstreamBadRequest):

@@ -15,14 +15,13 @@ from gateway.resources import (
     CLUSTER,
     METRICS,
     PIPELINE,
-    REDIS,
     ROUTER,
     SETTINGS,
     SIGNER,
     WORKER,
 )
 from gateway.server.middleware import REQUEST_ID
-from gateway.server.readiness import export, readiness
+from gateway.server.readiness import app_readiness, export
 from gateway.server.request_body import read_body
 from gateway.wire.chat_request import parse_chat, parse_completion
 from gateway.wire.chat_response import ChatWire
@@ -149,15 +148,12 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     m = request.app[METRICS]
     ready, state = await _readiness(request)
-    export(m, request.app[BREAKERS], request.app[ROUTER].providers, ready, state["engines_down"])
+    export(m, request.app[BREAKERS], request.app[ROUTER].providers, ready, state)
     return web.Response(body=m.render(), content_type="text/plain", charset="utf-8")
 
 
 async def _readiness(request: web.Request) -> tuple[bool, dict[str, Any]]:
-    app = request.app
-    settings = app[SETTINGS]
-    local = [n for n, p in settings.live_providers()[0].items() if p.kind == "local"]
-    return await readiness(app[REDIS], app[ROUTER], app[BREAKERS], local)
+    return await app_readiness(request.app)
 
 
 def routes() -> list[web.RouteDef]:

@@ -159,7 +159,8 @@ def build_openapi() -> dict[str, Any]:
         "/healthz": {"get": _operation("Liveness")},
         "/readyz": {
             "get": _operation(
-                "Readiness: 503 while Redis, a local engine or every route of a model is down"
+                "Readiness: 503 while Redis is away, a local engine is loading or down, or the "
+                "process drains; models down are named in the body"
             )
         },
         "/metrics": {

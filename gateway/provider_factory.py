@@ -12,7 +12,8 @@ its `busy_wait` setting says so (the Redis calls always do).
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import structlog
@@ -64,11 +65,14 @@ async def open_providers(
     *,
     worker: int = 0,
     busy: BusyWait | None = None,
+    on_engine_failure: Callable[[BaseException], None] | None = None,
 ) -> AsyncIterator[dict[str, Provider]]:
     """One opened Provider per live provider, by name; all are closed when the context exits
     (a local engine is stopped, its metrics collector removed). `worker`: this serving
     process's index; only worker 0 loads a local engine. `busy`: the process's `BusyWait`,
-    which the upstreams whose `busy_wait` is set wait for their answers with."""
+    which the upstreams whose `busy_wait` is set wait for their answers with. A local engine
+    is yielded while it loads (gateway/engine_host/embedded.py); `on_engine_failure` hears of
+    a load that failed."""
     live, skipped = settings.live_providers()
     log.info(
         "providers_live",
@@ -90,7 +94,14 @@ async def open_providers(
                 from gateway.engine_host.embedded import open_embedded_engine
 
                 providers[name] = await stack.enter_async_context(
-                    open_embedded_engine(name, settings.engine, metrics, cluster)
+                    open_embedded_engine(
+                        name,
+                        settings.engine,
+                        metrics,
+                        cluster,
+                        bar=settings.logging.format == "console" and sys.stderr.isatty(),
+                        on_failure=on_engine_failure,
+                    )
                 )
             else:
                 config = upstream_config(name, provider_settings)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Protocol
 
 from aiohttp import web
@@ -49,3 +51,8 @@ CLUSTER = web.AppKey("cluster", ClusterNode)
 WORKER = web.AppKey("worker", int)  # which serving process this is (gateway/server/workers.py)
 ENGINE_HOST = web.AppKey[EngineHost]("engine_host")
 USAGE_STORE = web.AppKey("usage_store", UsageStore)  # only with `[usage] enabled`
+# What the serving process does when a resource fails after it started listening (a local
+# engine's load): it stops, with a failure status (gateway/server/serve.py). Absent: logged only.
+ON_FATAL = web.AppKey[Callable[[BaseException], None]]("on_fatal")
+# Set when the serving process was told to stop: /readyz answers 503 from then on.
+DRAINING = web.AppKey("draining", asyncio.Event)

@@ -85,6 +85,15 @@ class Overloaded(ProviderError):
     retryable = True
 
 
+class EngineLoading(ProviderError):
+    """A local engine still training its demo checkpoint or loading its weights: 503 with
+    Retry-After; the next route (an upstream) is tried, and no breaker counts it."""
+
+    status = 503
+    code = "engine_loading"
+    retryable = True
+
+
 class InvalidRequest(ProviderError):
     """The request cannot be served by this provider (prompt too long, bad parameter)."""
 

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeySpace, KeyStore, text
+from testkit.gateway_procs import engines_loaded
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "gw:"
@@ -105,7 +106,8 @@ routes = [{{ provider = "mock", model = "{self.model}" }}]
             )
 
     async def start(self, within_s: float = 30.0) -> None:
-        """Start it and wait until /healthz answers (or the process exits: an error)."""
+        """Start it and wait until /healthz answers and its local engine, if any, is loaded
+        (or the process exits: an error)."""
         self.proc = self._spawn()
         deadline = time.monotonic() + within_s
         async with aiohttp.ClientSession() as session:
@@ -115,6 +117,8 @@ routes = [{{ provider = "mock", model = "{self.model}" }}]
                 try:
                     async with session.get(f"{self.root}/healthz") as resp:
                         if resp.status == 200:
+                            left = max(1.0, deadline - time.monotonic())
+                            await engines_loaded(session, self.root, within_s=left)
                             return
                 except aiohttp.ClientError:
                     pass

@@ -3,6 +3,7 @@ real Redis under a unique key prefix, with one user key created through the real
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import signal
@@ -23,7 +24,7 @@ from multidict import CIMultiDict
 
 from gateway.app import create_app
 from gateway.config.settings import Settings
-from gateway.resources import PIPELINE
+from gateway.resources import PIPELINE, ROUTER
 from gateway.server.http_server import GatewayRunner
 from testkit.mock_upstream import MockUpstream
 
@@ -202,7 +203,11 @@ def gateway_settings(mock: MockUpstream, prefix: str, **overrides: Any) -> Setti
     return Settings(**base)
 
 
-async def start_gateway(settings: Settings) -> tuple[web.AppRunner, str]:
+async def start_gateway(
+    settings: Settings, *, wait_loaded: bool = True, loaded_within_s: float = 600.0
+) -> tuple[web.AppRunner, str]:
+    """The app listening on a free port. The gateway listens before its local engines are
+    loaded; with `wait_loaded` this returns once they are (or failed to load)."""
     app = create_app(settings)
     runner = GatewayRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1)
     await runner.setup()
@@ -210,4 +215,20 @@ async def start_gateway(settings: Settings) -> tuple[web.AppRunner, str]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     await web.SockSite(runner, sock).start()
+    if wait_loaded:
+        try:
+            await engines_loaded(app, loaded_within_s)
+        except BaseException:
+            await runner.cleanup()
+            raise
     return runner, f"http://127.0.0.1:{port}"
+
+
+async def engines_loaded(app: web.Application, within_s: float) -> None:
+    """Until no provider of `app` is loading (`loading()` None: loaded, or failed)."""
+    deadline = time.monotonic() + within_s
+    providers = app[ROUTER].providers.values()
+    while any(getattr(p, "loading", lambda: None)() is not None for p in providers):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the local engine did not load within {within_s} s")
+        await asyncio.sleep(0.02)

@@ -254,9 +254,10 @@ async def tear_down(
     await redis.aclose()
 
 
-async def wait_ready(root: str, workers: int = 1) -> None:
+async def wait_ready(root: str, workers: int = 1, loaded_within_s: float = 600.0) -> None:
     """Until every worker answers /healthz (each on a new connection: SO_REUSEPORT hands a
-    connection to any worker that listens, so a burst begun earlier would miss the late ones)."""
+    connection to any worker that listens, so a burst begun earlier would miss the late ones),
+    then until no local engine is loading (`engines_loaded`)."""
     seen: set[int] = set()
     connector = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -266,11 +267,33 @@ async def wait_ready(root: str, workers: int = 1) -> None:
                     if resp.status == 200:
                         seen.add((await resp.json())["worker"])
                         if len(seen) >= workers:
-                            return
+                            break
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.02 if seen else 0.05)
-    raise RuntimeError(f"the gateway did not start (workers answering: {sorted(seen)})")
+        else:
+            raise RuntimeError(f"the gateway did not start (workers answering: {sorted(seen)})")
+        await engines_loaded(session, root, within_s=loaded_within_s, answers=workers)
+
+
+async def engines_loaded(
+    session: aiohttp.ClientSession, root: str, *, within_s: float = 600.0, answers: int = 1
+) -> None:
+    """Until /readyz reports no local engine loading, `answers` times in a row (one per
+    worker). The gateway listens before its engine is loaded (or its demo trained)."""
+    deadline = time.monotonic() + within_s
+    calm = 0
+    while calm < answers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway's local engine did not load within {within_s} s")
+        try:
+            async with session.get(f"{root}/readyz") as resp:
+                loading = (await resp.json()).get("loading", {})
+        except aiohttp.ClientError:
+            loading = {"?": "no answer"}
+        calm = calm + 1 if not loading else 0
+        if calm < answers:
+            await asyncio.sleep(0.05)
 
 
 async def high_limit_key(redis: Redis, prefix: str) -> str:

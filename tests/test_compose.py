@@ -77,9 +77,15 @@ def test_cluster_override_puts_the_nodes_behind_one_port() -> None:
     assert gateway["environment"]["GATEWAY_CLUSTER__ENABLED"] == "true"
     assert balancer["ports"] == ["8000:8000"]
     conf_mount = next(v for v in balancer["volumes"] if "nginx-cluster.conf" in v)
-    conf = (ROOT / conf_mount.split(":")[0]).read_text()
+    source, target = conf_mount.split(":")[:2]
+    conf = (ROOT / source).read_text()
     assert "http://gateway:8000" in conf and "proxy_buffering off" in conf
     assert "location /internal/" in conf  # node-to-node endpoints are not published
+    # The service name through the container's own resolver (podman serves no 127.0.0.11):
+    # nginx's image fills the template in with the resolvers of /etc/resolv.conf.
+    assert target.startswith("/etc/nginx/templates/") and target.endswith(".conf.template")
+    assert balancer["environment"]["NGINX_ENTRYPOINT_LOCAL_RESOLVERS"] == "1"
+    assert "resolver ${NGINX_LOCAL_RESOLVERS}" in conf and "127.0.0.11" not in conf
     assert "GATEWAY_CLUSTER__SECRET" in (ROOT / ".env.example").read_text()
 
 
@@ -102,9 +108,112 @@ def test_cluster_override_is_valid_compose(tmp_path: Path) -> None:
     for name in ("docker-compose.yml", "docker-compose.cluster.yml", "settings.toml"):
         shutil.copy(ROOT / name, tmp_path / name)
     (tmp_path / "deploy").mkdir()
-    shutil.copy(ROOT / "deploy" / "nginx-cluster.conf", tmp_path / "deploy")
+    shutil.copy(ROOT / "deploy" / "nginx-cluster.conf.template", tmp_path / "deploy")
     result = _compose_config(tmp_path, "docker-compose.yml", "docker-compose.cluster.yml")
     assert result.returncode == 0, result.stderr
+
+
+def test_the_gateway_is_healthy_while_it_loads_and_readiness_is_its_own() -> None:
+    """It listens at once: the liveness check needs no allowance for training; the data
+    volume (where the demo is trained once, under its lock) is shared by every replica."""
+    gateway = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["gateway"]
+    check = gateway["healthcheck"]
+    assert "/healthz" in " ".join(check["test"])
+    assert _seconds(check["start_period"]) <= 60
+    assert "gateway-data:/app/.data" in gateway["volumes"]
+
+
+def _stages(dockerfile: str) -> list[str]:
+    """The Dockerfile's stages, each from its FROM line on."""
+    return ["FROM" + part for part in dockerfile.split("\nFROM")[1:]]
+
+
+def test_the_image_is_built_in_two_stages_with_the_kernels_prebuilt() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    builder, runtime = _stages(text)
+    assert builder.startswith("FROM ${PYTHON_IMAGE} AS builder")
+    assert "gcc" in builder and "python -m backend.native.build --portable" in builder
+    # the builder's package, with its prebuilt kernels, and no compiler in the runtime image
+    assert "COPY --from=builder /opt/venv /opt/venv" in runtime
+    assert "gcc" not in runtime and "build-essential" not in runtime
+    assert "ARG TORCH_INDEX=" in builder and "TORCH_INDEX" in text.split("FROM")[0]  # documented
+    assert 'CMD ["python", "-m", "gateway", "serve"' in runtime
+
+
+def test_the_build_context_leaves_out_local_state() -> None:
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", ".data", ".env"} <= ignored
+    assert not ignored & {"gateway", "providers", "backend", "plumbing", "settings.toml"}
+
+
+def test_the_gpu_override_serves_a_real_checkpoint_on_nvidia_gpus() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.gpu.yml").read_text())
+    gateway = compose["services"]["gateway"]
+    assert "cu" in gateway["build"]["args"]["TORCH_INDEX"]  # torch's CUDA build
+    devices = gateway["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    env = gateway["environment"]
+    assert env["GATEWAY_ENGINE__MODEL_PATH"] == "/models/checkpoint"
+    assert "TENSOR_PARALLEL" in env["GATEWAY_ENGINE__TENSOR_PARALLEL"]
+    assert any(v.endswith(":/models/checkpoint:ro") for v in gateway["volumes"])  # read-only
+    assert gateway.get("ipc") == "host" or "shm_size" in gateway  # NCCL's shared memory
+    check = gateway["healthcheck"]
+    assert "/readyz" in " ".join(check["test"])  # healthy once the model serves
+    assert _seconds(check["start_period"]) >= 1800  # minutes to load V3.1's weights
+    assert "docker-compose.gpu.yml" in (ROOT / "docs" / "operations.md").read_text()
+
+
+def test_gpu_override_is_valid_compose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("docker-compose.yml", "docker-compose.gpu.yml", "settings.toml", "Dockerfile"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    monkeypatch.setenv("MODEL_DIR", str(tmp_path))
+    result = _compose_config(tmp_path, "docker-compose.yml", "docker-compose.gpu.yml")
+    assert result.returncode == 0, result.stderr
+    monkeypatch.delenv("MODEL_DIR")
+    result = _compose_config(tmp_path, "docker-compose.yml", "docker-compose.gpu.yml")
+    assert result.returncode != 0 and "MODEL_DIR" in result.stderr  # said, not guessed
+
+
+def test_the_compose_check_script_skips_plainly_without_a_container_engine(
+    tmp_path: Path,
+) -> None:
+    script = ROOT / "scripts" / "compose_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], timeout=30).returncode == 0
+    text = script.read_text()
+    for step in ("up -d --wait", "keys create", "[DONE]", "docker-compose.cluster.yml", "down -v"):
+        assert step in text
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text(
+        "#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n"
+    )
+    (fake / "docker").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "compose check SKIPPED: no container engine" in done.stdout
+    env["COMPOSE_CHECK_REQUIRE"] = "1"
+    done = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and "SKIPPED" in done.stdout
+
+
+def _seconds(duration: str) -> int:
+    """A Compose duration such as "60s", "1m30s" or "1h" in seconds."""
+    total, number = 0, ""
+    for char in duration:
+        if char.isdigit():
+            number += char
+        else:
+            total += int(number) * {"h": 3600, "m": 60, "s": 1}[char]
+            number = ""
+    return total
 
 
 class _ComposeLoader(yaml.SafeLoader):

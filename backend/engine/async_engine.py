@@ -89,10 +89,16 @@ class AsyncEngine:
         config: EngineConfig,
         *,
         on_block_event: Callable[[BlockEvent], None] | None = None,
+        on_load_progress: Callable[[int, int], None] | None = None,
     ) -> AsyncEngine:
         """Load the model and generation_config.json; the checkpoint's fingerprint seeds the
-        prefix-cache block hashes. Blocking (seconds to minutes): call it off the event loop."""
-        return cls(load_engine(model_dir, config, on_block_event=on_block_event))
+        prefix-cache block hashes. Blocking (seconds to minutes): call it off the event loop.
+        `on_load_progress(done, total)`: the weights' tensors loaded so far."""
+        return cls(
+            load_engine(
+                model_dir, config, on_block_event=on_block_event, on_load_progress=on_load_progress
+            )
+        )
 
     @property
     def max_model_len(self) -> int:

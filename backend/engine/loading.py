@@ -20,9 +20,11 @@ def load_engine(
     config: EngineConfig,
     *,
     on_block_event: Callable[[BlockEvent], None] | None = None,
+    on_load_progress: Callable[[int, int], None] | None = None,
 ) -> LLMEngine:
     """Blocking (seconds to minutes): call it off the event loop. A failure after the model
-    loaded closes it (and its worker ranks)."""
+    loaded closes it (and its worker ranks). `on_load_progress(done, total)`: the weights'
+    tensors loaded so far, on one device (the ranks of a parallel engine load on their own)."""
     model: DeepseekV3ForCausalLM
     if config.tensor_parallel > 1:
         from backend.parallel.cluster import start_parallel_model
@@ -34,6 +36,7 @@ def load_engine(
             dtype=config.torch_dtype,
             device=config.resolved_device(),
             fp8_weights=config.fp8_weights,
+            report=on_load_progress,
         )
     try:
         engine = LLMEngine(

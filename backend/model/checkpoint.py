@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -214,8 +215,11 @@ def load_model(
     load_mtp: bool = True,
     progress: bool | None = None,
     fp8_weights: FP8Weights = "resident",
+    report: Callable[[int, int], None] | None = None,
 ) -> DeepseekV3ForCausalLM:
-    """Validate and load a checkpoint; ``progress`` None shows a bar for loads above 1 GiB.
+    """Validate and load a checkpoint; ``progress`` None shows a bar for loads above 1 GiB where
+    stderr is a terminal (never in a log stream). ``report(done, total)`` hears of each tensor
+    loaded.
 
     ``fp8_weights``: "resident" keeps the checkpoint's e4m3 linears in FP8 (the block-scaled
     GEMM on CUDA, tile-by-tile dequantization on CPU); "dequantize" converts them to ``dtype``.
@@ -243,7 +247,11 @@ def load_model(
     for name in targets:
         by_file.setdefault(entries[name].file, []).append(name)
     total_bytes = sum(t.numel() * t.element_size() for t in targets.values())
-    show = total_bytes >= _PROGRESS_MIN_BYTES if progress is None else progress
+    if progress is None:
+        show = total_bytes >= _PROGRESS_MIN_BYTES and sys.stderr.isatty()
+    else:
+        show = progress
+    total, done = len(targets), 0
     with (
         tqdm(total=len(targets), desc="loading weights", unit="tensor", disable=not show) as bar,
         torch.no_grad(),
@@ -257,6 +265,9 @@ def load_model(
                         tensor = fp8.dequantize(tensor, scale, block, dtype=torch.float32)
                     targets[name].data.copy_(tensor)
                     bar.update(1)
+                    done += 1
+                    if report is not None:
+                        report(done, total)
     prepare_for_kernels(model)
     mla = config.mla
     facts = {

@@ -37,8 +37,9 @@ class EngineSettings(BaseModel):
     demo_weights: Literal["trained", "random"] = Field(
         default="trained",
         description='Without model_path: "trained" serves the demo model briefly trained on the '
-        "standard library's Python source (plain and fill-in-the-middle; built once with a "
-        "progress bar, 2.5 to 8 minutes on two cores for the tiny preset, depending on the "
+        "standard library's Python source (plain and fill-in-the-middle; built once, by one "
+        "process per data directory, while the gateway already listens and /readyz shows how "
+        "far it is: 2.5 to 8 minutes on two cores for the tiny preset, depending on the "
         "machine's load): a demo of the architecture whose answers are Python-looking tokens "
         'that repeat, not useful text; "random" the untrained one (built in seconds; its '
         "answers are random tokens).",

@@ -227,6 +227,13 @@ class ModelSettings(BaseModel):
         "asks; `auto`: thinking and local or upstream decided per request (`[routing]`); "
         "`shadow`: decided like `auto` and reported, but served as `static`.",
     )
+    gates_readiness: bool = Field(
+        default=False,
+        description="Whether /readyz answers 503 while every route of this model is failing. "
+        "Off: a failing model is reported in /readyz's body, the metrics and the console, but "
+        "the process stays ready (a provider down on every replica must not take the healthy "
+        "models and the local engine out of the load balancer with it).",
+    )
 
     @field_validator("routes")
     @classmethod

@@ -40,14 +40,14 @@ from aiohttp import web
 
 from gateway.cluster.internal import engine_host
 from gateway.config.settings import Settings
-from gateway.errors import NotFound
+from gateway.errors import NotFound, ServiceUnavailable
 from gateway.observability.engine_metrics import register_engine_metrics
 from gateway.observability.metrics import Metrics
 from gateway.server.middleware import QUIET
 from plumbing.record import record
 from providers.base import Provider
+from providers.local.deferred import DeferredLocalProvider
 from providers.local.engine_client import ServedEngine
-from providers.local.provider import LocalProvider
 from providers.local.worker_engine import (
     ENGINE_PATH,
     EngineInfo,
@@ -61,19 +61,20 @@ class EngineShare:
     """Worker 0's engine as the internal endpoint serves it (an `EngineHost`)."""
 
     secret: str
-    provider: LocalProvider
+    provider: DeferredLocalProvider  # worker 0's own, loading until its engine is up
     unix_only: bool = True  # the other workers are on this host
 
     @property
-    def engine(self) -> ServedEngine:
-        return self.provider.engine
+    def engine(self) -> ServedEngine | None:
+        local = self.provider.local
+        return local.engine if local is not None else None
 
 
 def engine_share(settings: Settings, providers: dict[str, Provider]) -> EngineShare:
     """Worker 0's share of its local provider's engine."""
     (name,) = settings.local_providers()
     provider = providers[name]
-    if not isinstance(provider, LocalProvider):
+    if not isinstance(provider, DeferredLocalProvider):
         raise TypeError(f"provider {name!r} is not an in-process engine")
     return EngineShare(_secret(settings), provider)
 
@@ -109,7 +110,11 @@ async def engine_info(request: web.Request) -> web.Response:
     if not isinstance(host, EngineShare):
         raise NotFound("Not found")
     request[QUIET] = True
-    body = EngineInfo.of(host.provider).to_json()
+    local = host.provider.local
+    if local is None:
+        loading = host.provider.loading() or "failed to load"
+        raise ServiceUnavailable(f"The engine is not ready: {loading}.", code="engine_loading")
+    body = EngineInfo.of(local).to_json()
     return web.Response(body=body, content_type="application/json")
 
 

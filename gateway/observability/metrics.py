@@ -117,6 +117,19 @@ class Metrics:
         self.ready = Gauge(
             "gateway_ready", "1 when /readyz would answer 200, else 0 (at scrape time)", registry=r
         )
+        self.model_available = Gauge(
+            "gateway_model_available",
+            "1 when the configured model has a route that is not failing, else 0 (at scrape time)",
+            ["model"],
+            registry=r,
+        )
+        self.engine_loading = Gauge(
+            "gateway_engine_loading",
+            "1 while the local engine is loading (building its demo checkpoint or loading its "
+            "weights), else 0",
+            ["provider"],
+            registry=r,
+        )
 
     def series(self, endpoint: str, model: str, provider: str, status: str) -> RequestSeries:
         """The children for one label set, cached (the label sets are bounded: models are

@@ -9,7 +9,7 @@ malformed or broken answers and streams (an error event, a body cut before its e
 401/403 (the gateway's own key for that account is refused: every request on it fails alike).
 Never counted: 429 (back-pressure, below), 4xx caused by the request (400, 404, 413, 422:
 `retryable` False; the upstream answered, which counts as a success), a full local engine
-queue (load, not health) and a client that went away.
+queue (load, not health), a local engine still loading, and a client that went away.
 
 States of a breaker: closed -> open on `failures` consecutive failures, or an error rate of
 `error_rate` over the last `window` outcomes (outcomes are kept from a key's first failure on).
@@ -52,7 +52,7 @@ EXHAUSTED = 3  # every account of the route was tried by this request already
 
 def counts_as_failure(exc: perr.ProviderError) -> bool:
     """Whether `exc` counts toward opening its route's breaker (see the module)."""
-    if isinstance(exc, perr.UpstreamRateLimited | perr.Overloaded):
+    if isinstance(exc, perr.UpstreamRateLimited | perr.Overloaded | perr.EngineLoading):
         return False
     return exc.retryable
 

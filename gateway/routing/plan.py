@@ -23,6 +23,7 @@ from gateway.routing.aliases import Route, Router
 from gateway.routing.ask import Ask, ask_of
 from gateway.routing.decide import Decider, Decision, RoutingInput
 from gateway.routing.explain import on_off
+from providers.errors import EngineLoading
 from providers.types import ChatRequest
 
 
@@ -111,15 +112,20 @@ class RoutePlanner:
         self, chat: ChatRequest, routes: tuple[Route, ...], principal: Principal, reads_ask: bool
     ) -> tuple[ChatRequest, Ask | None]:
         """The request with its prompt prepared by the first route that prepares prompts (and,
-        with `reads_ask`, the judge's ask read in the same worker thread)."""
+        with `reads_ask`, the judge's ask read in the same worker thread). A local engine still
+        loading prepares nothing: its route answers `engine_loading` when tried, and the next
+        route serves."""
         for route in routes:
             provider = route.provider
             prepare = getattr(provider, "prepare", None)
             if prepare is None or not principal.policy.may_use(self.decider.is_local(route)):
                 continue
             prepare_with = getattr(provider, "prepare_with", None) if reads_ask else None
-            if prepare_with is not None:
-                prepared, ask = await prepare_with(chat, ask_of)  # may raise ProviderError
-                return replace(chat, prepared=prepared), ask
-            return replace(chat, prepared=await prepare(chat)), None  # may raise ProviderError
+            try:
+                if prepare_with is not None:
+                    prepared, ask = await prepare_with(chat, ask_of)  # may raise ProviderError
+                    return replace(chat, prepared=prepared), ask
+                return replace(chat, prepared=await prepare(chat)), None  # may raise, too
+            except EngineLoading:
+                continue
         return chat, None

@@ -4,6 +4,6 @@ aiohttp runner with parser errors in the API shape (`http_server`, aiohttp hooks
 deadline (`request_body`), SSE responses kept alive (`sse_stream`) and the Redis connection with
 its embedded fallback (`redis_server`).
 
-May import the app factory (to serve it), `gateway.config`, `gateway.observability`,
-`gateway.routing` (readiness reads the breakers), `gateway.wire`, `gateway.errors`, `providers`
-and `plumbing`."""
+May import the app factory (to serve it), the app's resource keys (`gateway.resources`),
+`gateway.config`, `gateway.observability`, `gateway.routing` (readiness reads the breakers),
+`gateway.wire`, `gateway.errors`, `providers` and `plumbing`."""

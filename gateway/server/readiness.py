@@ -1,20 +1,26 @@
 """Readiness: whether this process can serve, from what it already knows (no upstream call).
 
 Ready (200) when: Redis answers a PING (within `timeout_s`), every local engine provider is
-loaded and running (an in-process check), and every configured model has at least one route
-not known to be failing (its breaker is not open: gateway/routing/breaker.py). Otherwise 503.
-Third-party providers are never called: their health comes from the breakers and the outcomes
-of recent requests, and is reported in the body (`providers`) and in /metrics, not in the
-status code.
+loaded and running (an in-process check), and the process is not draining (a SIGTERM was
+received). Otherwise 503. Upstream and model health never decide it by default: a provider
+that fails fails on every replica alike, and a readiness that followed it would take every
+replica, the local engine and the healthy providers out of the load balancer with it. A model
+gates readiness only where its settings say so (`gates_readiness`): then it is ready only while
+that model has a route that is not failing. Third-party providers are never called: their
+health comes from the breakers and the outcomes of recent requests.
 
 Body: `status` ("ready" | "not_ready"), `checks` (`redis`, `engine:<name>` per local engine,
-`models`: all configured models have a route that is not failing), `failing_models` (models
-whose every route is failing), `engines_down` (per local engine that stopped on an error: its
-`reason` and, for the parallel engine, `ranks`: rank -> "exited with code -9" or "stopped
-responding"; empty while every engine runs), and `providers`: per provider `last_success_age_s`,
-`last_error` and `last_error_age_s` (null when none seen), `breakers` (per upstream model,
-and account where it has several: `state`, `probe_in_s`, `times_opened`, `consecutive_failures`,
-`last_error`) and `rate_limited` (per upstream model, and account: seconds of back-off left).
+`accepting`: not draining, and `models` where a model gates readiness: every such model has a
+route that is not failing), `loading` (per local engine still loading, `engine:<name>`: what it
+is doing and how far, e.g. "training demo 45%"), `failing_models` (configured models whose
+every route is failing: an open breaker, or a local engine that is not running; the others
+serve), `serving_models` (the rest), `engines_down` (per local engine that stopped on an error
+or failed to load: its `reason` and, for the parallel engine, `ranks`: rank -> "exited with
+code -9" or "stopped responding"; empty while every engine runs), and `providers`: per provider
+`last_success_age_s`, `last_error` and `last_error_age_s` (null when none seen), `breakers`
+(per upstream model, and account where it has several: `state`, `probe_in_s`, `times_opened`,
+`consecutive_failures`, `last_error`) and `rate_limited` (per upstream model, and account:
+seconds of back-off left).
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ import asyncio
 from collections.abc import Collection, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from aiohttp import ChainMapProxy, web
 from redis.asyncio import Redis
 
 from gateway.observability.metrics import Metrics
+from gateway.resources import BREAKERS, DRAINING, REDIS, ROUTER, SETTINGS
 from gateway.routing import Router
 from gateway.routing.breaker import Breakers, Key
 from providers.base import Provider
@@ -57,6 +65,24 @@ def failing_models(router: Router, breakers: Breakers, engines: Mapping[str, boo
 @runtime_checkable
 class DiagnosedEngine(Protocol):
     def engine_failure(self) -> dict[str, Any] | None: ...
+
+
+@runtime_checkable
+class LoadingEngine(Protocol):
+    def loading(self) -> str | None:
+        """What the engine's load is doing ("training demo 45%"); None once it serves."""
+        ...
+
+
+def engines_loading(providers: Mapping[str, Provider], local: Collection[str]) -> dict[str, str]:
+    """`engine:<name>` -> what each local engine still loading is doing."""
+    found: dict[str, str] = {}
+    for name in local:
+        provider = providers.get(name)
+        state = provider.loading() if isinstance(provider, LoadingEngine) else None
+        if state is not None:
+            found[f"engine:{name}"] = state
+    return found
 
 
 def engines_down(
@@ -125,22 +151,43 @@ async def readiness(
     breakers: Breakers,
     local: Collection[str],
     timeout_s: float = 2.0,
+    *,
+    gating: Collection[str] = (),
+    draining: bool = False,
 ) -> tuple[bool, dict[str, Any]]:
-    """(ready, the body of /readyz)."""
+    """(ready, the body of /readyz). `gating`: the models that gate readiness
+    (`gates_readiness`); `draining`: the process is stopping."""
     checks: dict[str, bool] = {"redis": await redis_ok(redis, timeout_s)}
     engines = await engines_ok(router.providers, local)
     for name, ok in engines.items():
         checks[f"engine:{name}"] = ok
+    checks["accepting"] = not draining
     failing = failing_models(router, breakers, engines)
-    checks["models"] = not failing
+    gated = [m for m in gating if m in failing]
+    if gating:
+        checks["models"] = not gated
     ready = all(checks.values())
     return ready, {
         "status": "ready" if ready else "not_ready",
         "checks": checks,
+        "loading": engines_loading(router.providers, local),
         "failing_models": failing,
+        "serving_models": [c.id for c in router.cards() if c.id not in failing],
         "engines_down": engines_down(router.providers, local),
         "providers": provider_health(breakers, router.providers),
     }
+
+
+async def app_readiness(app: web.Application | ChainMapProxy) -> tuple[bool, dict[str, Any]]:
+    """`readiness` of the serving app (or a sub-app's `config_dict`), from its resources and
+    settings."""
+    settings = app[SETTINGS]
+    local = [n for n, p in settings.live_providers()[0].items() if p.kind == "local"]
+    gating = [m for m, model in settings.models.items() if model.gates_readiness]
+    draining = app[DRAINING].is_set()
+    return await readiness(
+        app[REDIS], app[ROUTER], app[BREAKERS], local, gating=gating, draining=draining
+    )
 
 
 def export(
@@ -148,18 +195,31 @@ def export(
     breakers: Breakers,
     providers: Collection[str],
     ready: bool,
-    down: Mapping[str, Mapping[str, Any]] | None = None,
+    state: Mapping[str, Any] | None = None,
 ) -> None:
-    """Set the breaker and provider-health gauges from `breakers`, and the ranks at fault of
-    the engines that are `down` (`engines_down`), at scrape time."""
+    """Set the breaker and provider-health gauges from `breakers`, and from `state` (the body
+    of /readyz) the ranks at fault of the engines that are down, which engines are loading
+    and which models serve, at scrape time."""
     for gauge in (
         metrics.breaker_state,
         metrics.breaker_opened,
         metrics.provider_last_success_age,
         metrics.engine_rank_down,
+        metrics.model_available,
+        metrics.engine_loading,
     ):
         gauge.clear()
-    for name, failure in (down or {}).items():
+    state = state or {}
+    down: Mapping[str, Mapping[str, Any]] = state.get("engines_down", {})
+    for model in state.get("serving_models", ()):
+        metrics.model_available.labels(model).set(1)
+    for model in state.get("failing_models", ()):
+        metrics.model_available.labels(model).set(0)
+    for check in state.get("checks", {}):
+        if check.startswith("engine:"):
+            loading = check in state.get("loading", {})
+            metrics.engine_loading.labels(check.partition(":")[2]).set(1 if loading else 0)
+    for name, failure in down.items():
         for rank in failure.get("ranks", {}):
             metrics.engine_rank_down.labels(name, rank).set(1)
     open_count = dict.fromkeys(providers, 0)

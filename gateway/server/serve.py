@@ -13,6 +13,7 @@ from aiohttp import web
 from gateway.app import create_app
 from gateway.config.settings import Settings
 from gateway.observability.logging import configure_logging
+from gateway.resources import DRAINING, ON_FATAL
 from gateway.server.http_server import GatewayRunner
 
 log = structlog.get_logger("gateway.server.serve")
@@ -21,8 +22,17 @@ log = structlog.get_logger("gateway.server.serve")
 async def run_server(settings: Settings, *, worker: int = 0, reuse_port: bool = False) -> None:
     """Serve until SIGINT/SIGTERM; then stop accepting, let streams finish within the grace
     period, and close every resource. `reuse_port`: bind with SO_REUSEPORT, beside the other
-    workers on the same port."""
+    workers on the same port. The process listens before its local engine is loaded; an
+    engine that fails to load stops it with a failure status."""
+    stop = asyncio.Event()
+    failed: list[BaseException] = []
+
+    def fatal(exc: BaseException) -> None:
+        failed.append(exc)
+        stop.set()
+
     app = create_app(settings, worker=worker)
+    app[ON_FATAL] = fatal
     runner = GatewayRunner(
         app,
         handle_signals=False,
@@ -43,15 +53,17 @@ async def run_server(settings: Settings, *, worker: int = 0, reuse_port: bool = 
         await web.UnixSite(runner, str(unix_path)).start()
         log.info("listening", unix_socket=str(unix_path))
     settle_heap(settings.server.gc_young_threshold)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
+        app[DRAINING].set()
         log.info("shutting_down", grace_period_s=settings.server.grace_period_s, worker=worker)
     finally:
         await runner.cleanup()
+    if failed:
+        raise SystemExit(f"stopped: a local engine failed to load ({failed[0]})")
 
 
 def settle_heap(young_threshold: int) -> None:

@@ -27,6 +27,8 @@ async def count_message_tokens(router: Router, principal: Principal, chat: ChatR
         return estimate_prompt_tokens(request)
     try:  # the provider tokenizes off the event loop
         prepared = await prepare(request)
+    except perr.EngineLoading:  # no tokenizer yet: the estimate, as for upstreams
+        return estimate_prompt_tokens(request)
     except perr.ProviderError as exc:
         raise provider_error_to_gateway(exc) from None
     return int(prepared.num_tokens)

@@ -12,7 +12,7 @@ worker asks `GET /internal/engine` (what the engine is, and its stats). `load()`
 latest answer, plus the requests this worker sent since that answer was asked for (counted as
 waiting), so a burst between two polls is not invisible. `health()` is true while the last
 poll was answered by a running engine. Until the first answer (worker 0 still loading the
-model) the provider is not ready: prompts get a 502 `upstream_unavailable`, /readyz says so,
+model) the provider is loading: prompts get a 503 `engine_loading`, /readyz says so,
 and the tokenizer is loaded from the checkpoint directory worker 0 announces (the same files
 its engine loaded). Worker 0's prefix cache is not seen from here: prompts are hashed with its
 engine's seed and block size, but `cached_prefix_blocks` answers 0, so the router's
@@ -24,11 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import structlog
@@ -38,13 +38,9 @@ from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
 from backend.text.tokenizer import Tokenizer
 from plumbing.record import record
-from providers.base import ModelCard
-from providers.errors import UpstreamUnavailable
+from providers.local.deferred import DeferredLocalProvider, LoadProgress
 from providers.local.provider import LocalProvider
 from providers.local.remote_engine import SECRET_HEADER, RemoteEngine
-from providers.types import ChatRequest, EngineFit, Event, PreparedPrompt, ProviderLoad
-
-T = TypeVar("T")
 
 log = structlog.get_logger("providers.local.worker_engine")
 
@@ -194,46 +190,14 @@ class SharedEngine:
         self._reachable = False
 
 
-class SharedLocalProvider:
-    """The local provider of a worker without the engine: not ready until worker 0's engine
-    has answered once; then a `LocalProvider` over the `SharedEngine` serves everything."""
-
-    supports_fim = True  # as LocalProvider
+class SharedLocalProvider(DeferredLocalProvider):
+    """The local provider of a worker without the engine: loading (503 `engine_loading`)
+    until worker 0's engine has answered once; then a `LocalProvider` over the
+    `SharedEngine` serves everything."""
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self._local: LocalProvider | None = None
+        super().__init__(name, LoadProgress("waiting for worker 0's engine"))
         self._engine: SharedEngine | None = None
-
-    @property
-    def context_length(self) -> int | None:
-        return self._local.context_length if self._local is not None else None
-
-    async def prepare(self, request: ChatRequest) -> PreparedPrompt:
-        return await self._ready().prepare(request)
-
-    async def prepare_with(
-        self, request: ChatRequest, also: Callable[[ChatRequest], T]
-    ) -> tuple[PreparedPrompt, T]:
-        return await self._ready().prepare_with(request, also)
-
-    def load(self) -> ProviderLoad | None:
-        return self._local.load() if self._local is not None else None
-
-    def fit(self, prompt: PreparedPrompt) -> EngineFit:
-        return self._local.fit(prompt) if self._local is not None else EngineFit(0)
-
-    def chat(self, request: ChatRequest) -> AsyncGenerator[Event, None]:
-        local = self._local
-        if local is None:
-            return self._when_ready(request)
-        return local.chat(request)  # no wrapper on the hot path
-
-    async def models(self) -> list[ModelCard]:
-        return await self._local.models() if self._local is not None else []
-
-    async def health(self) -> bool:
-        return self._local is not None and await self._local.health()
 
     def engine_stats(self) -> EngineStats | None:
         return self._engine.stats() if self._engine is not None else None
@@ -242,38 +206,22 @@ class SharedLocalProvider:
         """Why worker 0's engine stopped, from its latest poll (None while it runs)."""
         return self._engine.failure if self._engine is not None else None
 
-    async def close(self) -> None:
-        """Nothing to release: the poll and the session belong to `connect_worker_engine`."""
-
     @property
     def engine(self) -> SharedEngine | None:
         return self._engine
 
     def attach(self, engine: SharedEngine, tokenizer: Tokenizer, info: EngineInfo) -> None:
         self._engine = engine
-        self._local = LocalProvider(
-            self.name,
-            engine,
-            tokenizer,
-            info.model_id,
-            slots=info.slots,
-            checkpoint=info.checkpoint,
-        )
-
-    def _ready(self) -> LocalProvider:
-        if self._local is None:
-            raise UpstreamUnavailable(
-                "The local engine is not ready yet.",
-                provider=self.name,
-                detail="worker 0's engine has not answered yet",
+        self.set_local(
+            LocalProvider(
+                self.name,
+                engine,
+                tokenizer,
+                info.model_id,
+                slots=info.slots,
+                checkpoint=info.checkpoint,
             )
-        return self._local
-
-    async def _when_ready(self, request: ChatRequest) -> AsyncGenerator[Event, None]:
-        """Raises on the first iteration unless the engine answered in the meantime."""
-        async with contextlib.aclosing(self._ready().chat(request)) as events:
-            async for event in events:
-                yield event
+        )
 
 
 @asynccontextmanager

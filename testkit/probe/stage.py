@@ -126,7 +126,7 @@ routes = [{{ provider = "mock", model = "echo-chunks-60-gap-0.05" }}]
 
 
 async def _ready(root: str, proc: subprocess.Popen[bytes], tries: int = 12) -> None:
-    """Until the gateway answers /healthz (it loads the engine first), or it exits."""
+    """Until the gateway answers /healthz and its engine is loaded, or it exits."""
     for _ in range(tries):
         if proc.poll() is not None:
             raise RuntimeError(f"the gateway exited with status {proc.returncode}")

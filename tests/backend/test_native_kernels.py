@@ -143,6 +143,7 @@ def test_bf16_model_matches_torch_path(
 def test_no_compiler_falls_back_to_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CC", "no-such-compiler")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("GATEWAY_NATIVE_PREBUILT", str(tmp_path / "none"))  # no portable build
     build.library.cache_clear()
     try:
         assert build.library() is None
@@ -150,6 +151,36 @@ def test_no_compiler_falls_back_to_torch(tmp_path: Path, monkeypatch: pytest.Mon
         assert ops.gemv(x, weight) is None
         layer = Linear(10, 6, bias=False)
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight))
+    finally:
+        build.library.cache_clear()
+
+
+def test_no_compiler_loads_the_portable_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slim image has no compiler: the portable build its build stage made is loaded, and
+    computes what torch does; without it, the torch path."""
+    if build.library() is None:
+        pytest.skip("no C compiler on this machine to make the portable build with")
+    prebuilt = tmp_path / "prebuilt"
+    build.main(["--portable", "--out", str(prebuilt)])  # every level, as the image's build does
+    made = build.portable_for_this_cpu(prebuilt)
+    assert made is not None and made.name.startswith("portable-x86-64-")
+    assert len(list(prebuilt.glob("portable-*.so"))) == len(build.portable_levels())
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("GATEWAY_NATIVE_PREBUILT", str(prebuilt))
+    build.library.cache_clear()
+    try:
+        assert build.library() is not None
+        weight, x = torch.randn(64, 96), torch.randn(1, 96)
+        native = ops.gemv(x, weight)
+        assert native is not None
+        torch.testing.assert_close(native, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+        for path in prebuilt.glob("portable-*.so"):
+            path.rename(path.with_suffix(".moved"))  # gone from where its hash names it
+        build.library.cache_clear()
+        assert build.library() is None
     finally:
         build.library.cache_clear()
 

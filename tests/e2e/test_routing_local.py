@@ -39,7 +39,7 @@ class LocalRouted:
 
     @property
     def provider(self) -> LocalProvider:
-        provider = self.app[ROUTER].providers["local"]
+        provider = self.app[ROUTER].providers["local"].local  # the loaded engine's
         assert isinstance(provider, LocalProvider)
         return provider
 

@@ -256,9 +256,9 @@ async def test_worker_1_is_not_ready_until_the_engine_answers(
         key = await pair.key()
         body = {"model": "deepseek-chat", "messages": USER, "max_tokens": 4}
         status, _, answer = await ask(root, key, "/v1/chat/completions", body)
-        assert status == 502 and answer["error"]["code"] == "upstream_unavailable"
+        assert status == 503 and answer["error"]["code"] == "engine_loading"
         status, _, answer = await ask(root, key, "/v1/messages", body)
-        assert status == 502 and answer["type"] == "error"
+        assert status == 529 and answer["error"]["type"] == "overloaded_error"
         await pair.start(0)
         await until(lambda: ready(root))
         status, _, answer = await ask(root, key, "/v1/chat/completions", body)

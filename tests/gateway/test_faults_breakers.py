@@ -1,5 +1,6 @@
 """Upstream faults against the breakers and readiness: one failing model among healthy ones on
-the same provider, 429 back-pressure, an upstream killed and restarted under load, the
+the same provider (the process stays ready and says which model is down, unless that model
+gates readiness), 429 back-pressure, an upstream killed and restarted under load, the
 transitions in the log, the error code in the access log, and /readyz without upstream calls.
 Each runs a live gateway (the real app factory) in front of the mock upstream."""
 
@@ -16,7 +17,8 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from testkit.gateway_app import gateway_settings, start_gateway
+from gateway.resources import DRAINING
+from testkit.gateway_app import closed_port, gateway_settings, start_gateway
 from testkit.mock_upstream import MockUpstream
 from tests.support.faults import USER, eventually
 
@@ -104,10 +106,61 @@ async def test_one_failing_model_does_not_block_the_other_models_of_its_provider
         assert access and {line["code"] for line in access} == {"upstream_unavailable"}
         assert all("code" not in line for line in events(logs, "request") if line["status"] == 200)
         status, body = await ready(s, root)
-        assert status == 503 and body["failing_models"] == ["fail-model"]  # its only route
+        # Its only route is failing: the body says so; the process still serves the rest.
+        assert status == 200 and body["failing_models"] == ["fail-model"]
+        assert body["serving_models"] == ["echo-model", "limited-model", "busy-model"]
+        assert body["checks"] == {"redis": True, "accepting": True}
+        async with s.get(f"{root}/metrics") as resp:
+            text = await resp.text()
+        assert 'gateway_model_available{model="fail-model"} 0.0' in text
+        assert 'gateway_model_available{model="echo-model"} 1.0' in text
+        assert "gateway_ready 1.0" in text
         mock = body["providers"]["mock"]
         assert mock["breakers"]["fail-500"]["state"] in ("open", "half_open")
         assert list(mock["breakers"]) == ["fail-500"]  # echo has none: it never failed
+
+
+async def test_a_dead_single_route_model_among_healthy_ones_leaves_the_process_ready(
+    mock_upstream: MockUpstream, redis_prefix: str
+) -> None:
+    """A provider that is down (connection refused) is the only route of one model: the process
+    stays ready, names the dead model and serves the others; a model that gates readiness by
+    its settings turns it unready."""
+    dead: dict[str, Any] = {
+        "kind": "openai",
+        "base_url": f"http://127.0.0.1:{closed_port()}/v1",
+        "connect_timeout_s": 1,
+    }
+    models = {
+        "dead-model": {"routes": [{"provider": "dead", "model": "gpt-4o"}]},
+        "echo-model": MODELS["echo-model"],
+        "other-model": {"routes": [{"provider": "mock", "model": "echo-chunks-2"}]},
+    }
+    async with (
+        open_gateway(mock_upstream, redis_prefix, models=models, dead=dead) as root,
+        aiohttp.ClientSession() as s,
+    ):
+        for _ in range(OPEN_AFTER):
+            assert (await chat(s, root, "dead-model")).status == 502
+        status, body = await ready(s, root)
+        assert status == 200 and body["status"] == "ready"
+        assert body["failing_models"] == ["dead-model"]
+        assert body["serving_models"] == ["echo-model", "other-model"]
+        assert body["providers"]["dead"]["breakers"]["gpt-4o"]["state"] == "open"
+        assert (await chat(s, root, "echo-model")).status == 200
+        assert (await chat(s, root, "other-model")).status == 200
+    gated = dict(models, **{"dead-model": {**models["dead-model"], "gates_readiness": True}})
+    async with (
+        open_gateway(mock_upstream, redis_prefix, models=gated, dead=dead) as root,
+        aiohttp.ClientSession() as s,
+    ):
+        status, body = await ready(s, root)
+        assert status == 200 and body["checks"]["models"] is True  # not known to fail yet
+        for _ in range(OPEN_AFTER):
+            assert (await chat(s, root, "dead-model")).status == 502
+        status, body = await ready(s, root)
+        assert status == 503 and body["checks"]["models"] is False
+        assert body["failing_models"] == ["dead-model"]
 
 
 async def test_a_429_moves_to_the_next_route_for_its_retry_after_and_opens_nothing(
@@ -168,7 +221,7 @@ async def test_an_upstream_killed_and_restarted_under_load_serves_again_at_once(
 
                 async def opened() -> bool:
                     status, body = await ready(s, root)
-                    return status == 503 and body.get("failing_models") != []
+                    return status == 200 and body.get("failing_models") == ["back-model"]
 
                 await eventually(opened, within_s=10)
                 await upstream.start(port)
@@ -207,7 +260,7 @@ async def test_readyz_is_200_with_a_provider_down_says_which_and_calls_no_upstre
             status, body = await ready(s, root)
             assert status == 200, body
         assert len(mock_upstream.requests) == before  # no upstream call per probe
-        assert body["checks"] == {"redis": True, "models": True}
+        assert body["checks"] == {"redis": True, "accepting": True}
         refused = body["providers"]["refused"]
         assert refused["breakers"]["echo"]["state"] == "open"
         assert refused["last_error"] and refused["last_success_age_s"] is None
@@ -251,3 +304,21 @@ async def test_a_failing_account_is_skipped_and_its_conversations_move_to_the_ne
         multi = body["providers"]["multi"]["breakers"]
         assert list(multi) == ["echo@BREAKER_TEST_KEY_A"]
         assert multi["echo@BREAKER_TEST_KEY_A"]["state"] == "open"
+
+
+async def test_a_process_told_to_stop_is_not_ready(
+    mock_upstream: MockUpstream, redis_prefix: str
+) -> None:
+    """What the serving process sets on SIGTERM (gateway/server/serve.py): /readyz turns 503
+    at once, so a load balancer stops sending while streams finish."""
+    settings = gateway_settings(mock_upstream, redis_prefix, auth={"enabled": False})
+    runner, root = await start_gateway(settings)
+    try:
+        async with aiohttp.ClientSession() as s:
+            assert (await ready(s, root))[0] == 200
+            runner.app[DRAINING].set()
+            status, body = await ready(s, root)
+            assert status == 503 and body["checks"]["accepting"] is False
+            assert body["failing_models"] == []  # the models are fine: this process is not
+    finally:
+        await runner.cleanup()

@@ -23,6 +23,7 @@ from gateway.keys.records import KeyCreate
 from gateway.keys.store import KeyStore
 from gateway.resources import PIPELINE
 from testkit.gateway_app import REDIS_URL, closed_port, start_gateway
+from testkit.gateway_procs import engines_loaded
 from testkit.mock_upstream import MockUpstream
 
 ADMIN_KEY = "admin-" + uuid.uuid4().hex
@@ -184,6 +185,7 @@ routes = [{{ provider = "mock", model = "echo" }}]
                     return False
 
             await until(healthy, within_s=30)
+            await engines_loaded(http, root, within_s=600)
         yield root
     finally:
         if proc.returncode is None:

@@ -26,7 +26,7 @@ from gateway.resources import ROUTER
 from gateway.server.http_server import GatewayRunner
 from providers.local.provider import LocalProvider
 from providers.local.worker_engine import SharedLocalProvider
-from testkit.gateway_app import REDIS_URL
+from testkit.gateway_app import REDIS_URL, engines_loaded
 from tests.support.local_gateway import local_settings
 
 SECRET = "worker-pair-test-secret-0123456789"
@@ -66,6 +66,7 @@ async def serve_worker(
         path = settings.cluster.internal_socket
         assert path is not None
         await web.UnixSite(runner, str(path)).start()
+        await engines_loaded(app, 600)
     return app, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
@@ -87,7 +88,7 @@ class WorkerPair:
 
     @property
     def engine_provider(self) -> LocalProvider:
-        provider = self.provider(0)
+        provider = self.provider(0).local  # worker 0's, loaded
         assert isinstance(provider, LocalProvider)
         return provider
 

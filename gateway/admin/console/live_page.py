@@ -12,8 +12,8 @@ from aiohttp import web
 
 from gateway.admin.console.web import page
 from gateway.cluster.membership import cluster_detail
-from gateway.resources import BREAKERS, CLUSTER, REDIS, ROUTER, SETTINGS
-from gateway.server.readiness import readiness
+from gateway.resources import CLUSTER, ROUTER
+from gateway.server.readiness import app_readiness
 
 REFRESH_S = 3
 
@@ -58,10 +58,8 @@ def engine_row(name: str, stats: Any, rate: float | None) -> dict[str, Any]:
 
 async def _state(request: web.Request) -> dict[str, Any]:
     app = request.config_dict
-    settings = app[SETTINGS]
     router = app[ROUTER]
-    local = [n for n, p in settings.live_providers()[0].items() if p.kind == "local"]
-    ready, body = await readiness(app[REDIS], router, app[BREAKERS], local)
+    ready, body = await app_readiness(app)
     rates = request.app[RATES]
     now = time.monotonic()
     engines = []
@@ -76,9 +74,11 @@ async def _state(request: web.Request) -> dict[str, Any]:
     cluster = app.get(CLUSTER)
     return {
         "ready": ready,
-        "banner": banner(ready, body["checks"], body["failing_models"], len(router.cards())),
+        "banner": banner(ready, body["checks"], body["loading"]),
         "checks": body["checks"],
+        "loading": body["loading"],
         "failing_models": body["failing_models"],
+        "serving_models": body["serving_models"],
         "providers": body["providers"],
         "engines": engines,
         "cluster": cluster_detail(cluster) if cluster is not None else None,
@@ -86,19 +86,15 @@ async def _state(request: web.Request) -> dict[str, Any]:
     }
 
 
-def banner(ready: bool, checks: dict[str, bool], failing: list[str], models: int) -> str:
-    """The Live page's headline, from what readiness found: which parts are down, and whether
-    the models that are not down still serve."""
+def banner(ready: bool, checks: dict[str, bool], loading: dict[str, str]) -> str:
+    """The Live page's headline, from what readiness found: whether this process serves, and
+    if not, what is still loading (and how far) or down. Which models have no working route is
+    said beside it, from `failing_models` and `serving_models`."""
     if ready:
-        return "Ready: every model serves."
-    down = [name for name, ok in checks.items() if not ok and name != "models"]
-    if down:
-        return f"Not ready: {', '.join(down)} down."
-    names = ", ".join(failing)
-    if len(failing) >= models:
-        return f"Not serving: no model has a working route ({names})."
-    verb = "has" if len(failing) == 1 else "have"
-    return f"Down: {names} {verb} no working route. Every other model serves."
+        return "Ready"
+    parts = [f"{name} {what}" for name, what in loading.items()]
+    parts += [f"{name} down" for name, ok in checks.items() if not ok and name not in loading]
+    return "Not ready: " + ", ".join(parts) if parts else "Not ready"
 
 
 async def live(request: web.Request) -> web.Response:

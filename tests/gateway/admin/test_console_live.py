@@ -44,9 +44,15 @@ def test_engine_rates_and_fragment() -> None:
         .get_template("live_state.jinja")
         .render(
             ready=False,
-            banner=banner(False, {"redis": True, "models": False}, ["deepseek-chat"], 3),
-            checks={"redis": True, "models": False},
+            banner=banner(
+                False,
+                {"redis": True, "engine:local": False, "accepting": True},
+                {"engine:local": "training demo 45%"},
+            ),
+            checks={"redis": True, "engine:local": False, "accepting": True},
+            loading={"engine:local": "training demo 45%"},
             failing_models=["deepseek-chat"],
+            serving_models=["gpt-4o", "claude"],
             engines=[engine],
             providers={
                 "deepseek": {
@@ -79,7 +85,9 @@ def test_engine_rates_and_fragment() -> None:
             },
         )
     )
-    assert "Down: deepseek-chat has no working route. Every other model serves." in html
+    assert "Not ready: engine:local training demo 45%" in html
+    assert "engine:local loading" in html and "redis ok" in html
+    assert "1 model down: deepseek-chat; the other 2 (gpt-4o, claude) serve." in html
     assert "40 / 100" in html and "75.0 %" in html and "60.0 %" in html and "250.0" in html
     assert "deepseek-chat: open" in html and "probe in 4.5 s" in html and "HTTP 502" in html
     # An open breaker whose probe is due waits for traffic: it probes on the next request.
@@ -88,12 +96,11 @@ def test_engine_rates_and_fragment() -> None:
     assert "n2" in html and "10 / 20" in html
 
 
-def test_live_banner_names_what_is_down() -> None:
-    assert banner(True, {"redis": True, "models": True}, [], 2) == "Ready: every model serves."
-    assert banner(False, {"redis": False, "models": True}, [], 2) == "Not ready: redis down."
-    assert banner(False, {"redis": True, "models": False}, ["a", "b"], 3) == (
-        "Down: a, b have no working route. Every other model serves."
-    )
-    assert banner(False, {"redis": True, "models": False}, ["a", "b"], 2) == (
-        "Not serving: no model has a working route (a, b)."
-    )
+def test_live_banner_names_what_is_loading_or_down() -> None:
+    assert banner(True, {"redis": True, "accepting": True}, {}) == "Ready"
+    assert banner(False, {"redis": False, "accepting": True}, {}) == "Not ready: redis down"
+    assert banner(
+        False,
+        {"redis": True, "engine:local": False, "accepting": False},
+        {"engine:local": "loading checkpoint 30%"},
+    ) == ("Not ready: engine:local loading checkpoint 30%, accepting down")

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import torch
+from structlog.testing import capture_logs
 
 from backend.demo_checkpoint import write_demo_checkpoint
 from backend.engine.engine_config import EngineConfig
 from backend.text.tokenizer import Tokenizer
 from providers.errors import InvalidRequest
+from providers.local.deferred import LoadProgress
 from providers.local.provider import LocalProvider
 from providers.local.setup import demo_checkpoint_dir, load_local_provider, resolve_checkpoint
 from providers.local.stream import StopMatcher
@@ -291,7 +293,8 @@ def test_demo_checkpoint_is_built_once_then_reused(tmp_path: Path) -> None:
     stamp = (built / "config.json").stat().st_mtime_ns
     assert resolve_checkpoint(None, tmp_path, "tiny") == built
     assert (built / "config.json").stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == ["tiny"]  # no staging directory left
+    # no staging directory left; the build's lock file stays for the next start
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tiny.lock", "tiny"]
 
 
 def test_trained_demo_is_kept_apart_and_reused(checkpoint: Path, tmp_path: Path) -> None:
@@ -324,3 +327,27 @@ def test_stop_matcher_releases_a_false_start() -> None:
 def test_stop_matcher_picks_the_earliest_stop() -> None:
     matcher = StopMatcher(["cd", "b"])
     assert matcher.feed("abcd") == "a"
+
+
+async def test_loading_reports_its_progress(checkpoint: Path) -> None:
+    """What readiness and the log say while the weights load: the share of tensors loaded,
+    then the engine starting; a log event at each tenth."""
+    config = EngineConfig(
+        max_num_seqs=2, block_size=BLOCK_SIZE, cache_memory_bytes=1 << 20, num_threads=1
+    )
+    progress = LoadProgress()
+    seen: list[str] = []
+    real_set = progress.set
+
+    def noting(phase: str, fraction: float | None = None) -> None:
+        real_set(phase, fraction)
+        seen.append(progress.describe())
+
+    progress.set = noting  # type: ignore[method-assign]
+    with capture_logs() as logs:
+        async with load_local_provider("local", config, model_path=checkpoint, progress=progress):
+            pass
+    loading = [s for s in seen if s.startswith("loading checkpoint ")]
+    assert loading[-1] == "loading checkpoint 100%" and seen[-1] == "starting engine"
+    percents = [e["percent"] for e in logs if e["event"] == "engine_load_progress"]
+    assert percents == sorted(percents) and percents[-1] == 100 and len(percents) <= 11
