@@ -67,8 +67,9 @@ class Judge:
         ask: Ask,
         conversation_mode: bool | None,
     ) -> Verdict | None:
+        lower = ask.instruction.lower()
         for rule in self.rules:
-            if not rule.matches(request, protocol, prompt_tokens, ask):
+            if not rule.matches(request, protocol, prompt_tokens, ask, lower):
                 continue
             if rule.thinking == "keep":
                 if conversation_mode is None:
