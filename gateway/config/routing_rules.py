@@ -53,8 +53,8 @@ PROOF_REQUEST_UNLESS = (
 # A proof to check, not to write: "check my proof", "is this proof correct", "find the
 # mistake in this argument", 检查这个证明, この証明は正しい.
 _PROOF_NOUNS = (
-    r"(?:proof|argument|derivation|induction|reasoning|beweis|preuve|démonstration"
-    r"|demostración|demostracion|prueba|prova|demonstração|demonstracao|доказательств\w*)"
+    r"(?:proof|derivation|beweis|preuve|démonstration|demostración|demostracion|prueba|prova"
+    r"|demonstração|demonstracao|доказательств\w*)"
 )
 PROOF_CHECK = (
     r"\b(?:check|verify|review|grade|critique|audit|validate|double-check|look over"
@@ -64,8 +64,8 @@ PROOF_CHECK = (
     + r"|\b(?:is|are)\s+(?:this|my|the|these)\s+(?:proof|argument|derivation|steps?)\s+"
     r"(?:correct|valid|right|sound|rigorous|wrong)"
     r"|\b(?:find|spot|where is|where's)\s+(?:the\s+)?(?:error|mistake|flaw|gap|bug)s?\s+in\s+"
-    r"(?:this|my|the)\s+"
-    + _PROOF_NOUNS
+    r"(?:this|my|the)\s+(?:argument|"
+    + _PROOF_NOUNS[3:]
     + r"|\bwhere does (?:this|my|the) (?:proof|argument|derivation) (?:go wrong|fail|break)"
     r"|(?:检查|验证|看看|审查|核对|批改)(?:一下)?(?:这个|这段|我的|下面的)?(?:证明|推导|论证)"
     r"|(?:这个|这段|我的)(?:证明|推导|论证)(?:对不对|是否正确|正确吗|有没有问题|哪里错|错在哪)"
@@ -81,7 +81,7 @@ PROOF_CHECK_UNLESS = (
 # 把这个证明排版成 LaTeX, "traduis cette démonstration".
 PROOF_EDIT = (
     r"\b(?:format|typeset|translate|reformat|convert|transcribe|latex-?ify|rewrite|paraphrase"
-    r"|proofread|copy-?edit|summari[sz]e|clean up|put|turn|render"
+    r"|proofread|copy-?edit|summari[sz]e|clean up|render"
     r"|formatiere|übersetze|traduis|traduire|mets en forme|formatea|traduce|traduz|formate"
     r"|переведи|оформи)\b[^.?!\n]{0,40}"
     + _PROOF_NOUNS
@@ -94,15 +94,17 @@ PROOF_EDIT_UNLESS = (
     r"\b(?:check|verify|correct|valid|gap|error|mistake|flaw|wrong|complete the|finish the"
     r"|fill in|rigou?r\w*|formal(?:ly)?|simplif\w*)\b|检查|验证|对不对|补全|正确|严谨|严格"
 )
+# What the proof rules require before their patterns are searched (the judge searches for each
+# list once, however many rules require it): the verbs of a request to prove ...
 PROOF_WORDS = (
-    "prove", "show", "proof", "证明", "求证", "証明", "증명", "bewei", "zeig", "weise nach",
-    "démontr", "prouv", "montre", "demuestr", "demostr", "prueba", "pruebe", "muestr",
-    "demonstr", "prova", "mostr", "доказ", "докаж", "покаж",
+    "prove", "show", "证明", "求证", "証明", "증명", "bewei", "zeig", "weise nach", "démontr",
+    "prouv", "montre", "demuestr", "demostr", "prueba", "pruebe", "muestr", "demonstr", "prova",
+    "mostr", "доказ", "докаж", "покаж",
 )  # fmt: skip
+# ... and the nouns of a proof to check or to lay out.
 PROOF_NOUN_WORDS = (
-    "proof", "argument", "derivation", "induction", "reasoning", "证明", "推导", "论证", "証明",
-    "증명", "beweis", "preuve", "démonstration", "demostraci", "prueba", "prova", "demonstra",
-    "доказательств",
+    "proof", "argument", "derivation", "证明", "推导", "论证", "証明", "증명", "beweis", "preuve",
+    "démonstration", "demostraci", "prueba", "prova", "demonstra", "доказательств",
 )  # fmt: skip
 # The whole ask is a greeting or thanks (a leading "thanks" before a question decides nothing).
 GREETING_ONLY = (

@@ -300,13 +300,13 @@ def _instruction(prose: list[str], kinds: set[str], opens_with_prose: bool = Fal
     if not paragraphs:
         return ""
     last = paragraphs[-1]
+    if len(paragraphs) > 1 and len(last) <= 300 and opens_with_prose:
+        _left_out(paragraphs[0], kinds)
+        return last
     if len(paragraphs) > 1 and _asks_then_pastes(paragraphs):
         _left_out(paragraphs[1], kinds)
         return paragraphs[0]
     if len(paragraphs) > 1 and len(last) <= 300:
-        if opens_with_prose:
-            _left_out(paragraphs[0], kinds)
-            return last
         for n, paragraph in enumerate(paragraphs[:-2]):
             if _LEAD_IN.search(paragraph):  # "Here are the notes:", then the notes, then the ask
                 _left_out(paragraphs[n + 1], kinds)
@@ -340,10 +340,12 @@ def _instruction(prose: list[str], kinds: set[str], opens_with_prose: bool = Fal
 
 def _asks_then_pastes(paragraphs: list[str]) -> bool:
     """A short ask that ends as a sentence ("Во сколько сбор?", "以下の連絡から集合時間だけ抜き出
-    して。"), then prose with no question in it: the prose is what the ask is about. (A premise
-    first and its question last stay one ask; so does a lead-in ending in a colon.)"""
+    して。"), then longer prose with no question in it: the prose is what the ask is about. (A
+    premise first and its question last stay one ask; so does a lead-in ending in a colon.)"""
     first = paragraphs[0]
     if len(first) > 200 or first[-1] not in _ASK_END:
+        return False
+    if sum(map(len, paragraphs[1:])) <= len(first):  # what is pasted is longer than the ask
         return False
     if any("?" in p or "？" in p for p in paragraphs[1:]):
         return False

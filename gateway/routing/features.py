@@ -1,15 +1,17 @@
 """The features of an ask (`ask.Ask`) that the learned scorer weighs, as strings.
 
-Every feature is present or absent (value 1); the scorer sums the weights of those present. The
-instruction is read normalised (NFKC: full-width letters, digits and punctuation as their
-ordinary forms; lower-cased; every number as "0"), in any script:
+Every occurrence of a feature counts (a word twice, its weight twice); the scorer sums their
+weights. The instruction is read normalised (NFKC: full-width letters, digits and punctuation
+as their ordinary forms; lower-cased; every number as "0"), in any script:
   w|<word>        words of the instruction (letters of any script but the ones written
                   without spaces; the first 40 tokens)
-  g|<chars>       character 3-grams of those words, spaces around each word included
-                  ("beweis", "beweise", "beweisen" share g|bew, g|ewe, ...: they carry across
-                  inflections and languages that share roots, where a word list would not)
+  g|<chars>       character 3-grams of each of those words of 4 letters or more, a space
+                  before and after it included ("beweis", "beweise", "beweisen" share g| be,
+                  g|bew, g|ewe, ...: they carry across inflections and languages that share
+                  roots, where a word list would not); `word_grams`. The scorer weighs a word
+                  and its 3-grams together, once per distinct word it has seen
   f|<word>        the instruction's first word, and f2|<w1> <w2> its first two
-  z|<chars>       1- and 2-grams of the first 48 characters of the scripts written without
+  z|<chars>       1- and 2-grams of the first 32 characters of the scripts written without
                   spaces (Chinese, Japanese kana, Korean syllables)
   y|<symbol>      maths and code symbols (= + * / ^ < > % ≤ ≥ √ ∑ ∫ π)
   s|...           structure, in no language's words: the client (s|client=cline), the turn kind
@@ -18,11 +20,13 @@ ordinary forms; lower-cased; every number as "0"), in any script:
                   as log2 buckets (s|matsize=k, s|len=k), the script the words are in
                   (s|script=latin|cyrillic|han|kana|hangul|other), how many numbers
                   (s|nums=0..5), numbers followed by a word (quantities: "5 hours", "3 个",
-                  s|qty=0..3), sentence stops (s|stops=0..4), a question mark (s|q) and a question
-                  at the end (s|qend), list items (s|items), no instruction at all (s|empty)
+                  s|qty=0..3), sentence stops (s|stops=0..4), a question mark (s|q) and a
+                  question at the end (s|qend), laughter (s|laugh: "lol", 哈哈, ㅋㅋ, 😂), list
+                  items (s|items), no instruction at all (s|empty)
   x|<m>|<f>       the material's class (prose, tech, none: `material_class`) with the first
-                  word, the length bucket and the number count: "translate" over prose is not
-                  "translate" over code
+                  word, the length bucket and a question mark: "translate"
+                  over prose is not "translate" over code, a question about code is not one
+                  about a notice
 The trainer (`train.py`) hashes these strings into buckets (the hashing trick); the shipped
 weights map each string seen in training to its bucket's weight, so an unseen string weighs 0.
 """
@@ -42,8 +46,7 @@ _TOKEN = re.compile(
     rf"\d+(?:[.,]\d+)*|[=+*/^<>%≤≥√∑∫π]|[{_DENSE}]+|[^\W\d_{_DENSE}][^\W\d_{_DENSE}']*"
 )
 _MAX_TOKENS = 40  # of the instruction (it is clipped to 300 characters already)
-_MAX_DENSE = 48  # dense-script characters read (the cost per decision is bounded by these)
-_GRAM_CHARS = 160  # of the words joined: the character 3-grams are read from their head
+_MAX_DENSE = 32  # dense-script characters read (the cost per decision is bounded by these)
 _ITEM = re.compile(r"(?m)^\s*(?:[-*•]|\d+[.)]|\(?[a-z]\))\s")
 TECH = frozenset({"code", "log", "trace", "config"})
 
@@ -52,8 +55,24 @@ Group = tuple[str, list[str]]  # a prefix ("w|", ...) and the keys after it
 
 
 def features(ask: Ask) -> list[str]:
-    """The features of `ask` as strings (duplicates possible; each counts once)."""
-    return [prefix + key for prefix, keys in groups(ask) for key in keys]
+    """The features of `ask` as strings, each as often as it occurs: `groups`, and after each
+    word its 3-grams."""
+    out: list[str] = []
+    for prefix, keys in groups(ask):
+        for key in keys:
+            out.append(prefix + key)
+            if prefix == "w|":
+                out.extend(["g|" + gram for gram in word_grams(key)])
+    return out
+
+
+def word_grams(word: str) -> list[str]:
+    """The character 3-grams of a word of 4 letters or more, a space before and after it
+    included; none for a shorter word, a number ("0") or a dense-script run ("<cjk>")."""
+    if len(word) < 4 or word[0] == "<":
+        return []
+    padded = f" {word} "
+    return [padded[i : i + 3] for i in range(len(padded) - 2)]
 
 
 def material_class(material: tuple[str, ...]) -> str:
@@ -65,8 +84,8 @@ def material_class(material: tuple[str, ...]) -> str:
 
 
 def groups(ask: Ask) -> list[Group]:
-    """The features of `ask` by prefix, unjoined: what the scorer looks up, one table a prefix,
-    without building a string per feature."""
+    """The features of `ask` by prefix, unjoined, without the words' 3-grams: what the scorer
+    looks up, one table a prefix, without building a string per feature."""
     structure = [
         f"client={ask.client}",
         f"turn={ask.turn}",
@@ -84,16 +103,18 @@ def groups(ask: Ask) -> list[Group]:
     text = (text if text.isascii() else unicodedata.normalize("NFKC", text)).lower()
     length = f"len={_log2_bucket(len(text))}"
     structure.append(length)
-    if "?" in text:
+    question = "?" in text
+    if question:
         structure.append("q")
         if text.rstrip().endswith("?"):
             structure.append("qend")
+    if _LAUGH.search(text) is not None:
+        structure.append("laugh")
     stops = sum(map(text.count, ".?!。？！"))  # about the sentences (a decimal point aside)
     structure.append(f"stops={min(stops, 4)}")
     if "\n" in text and _ITEM.search(text):
         structure.append("items")
     words: list[str] = []  # every token, a number as "0", a dense run as "<cjk>"
-    lettered: list[str] = []  # the words of letters alone (their 3-grams are read)
     symbols: list[str] = []
     dense: list[str] = []
     numbers = quantities = 0
@@ -120,21 +141,19 @@ def groups(ask: Ask) -> list[Group]:
             quantities += after_number
         else:
             words.append(token)
-            lettered.append(token)
             quantities += after_number
         after_number = False
     structure.append(f"nums={min(numbers, 5)}")
     structure.append(f"qty={min(quantities, 3)}")
     structure.append(f"script={_script(text, words, dense)}")
     first_word = words[0] if words else "-"
-    out.append(
-        ("x|", [f"{mclass}|{first_word}", f"{mclass}|{length}", f"{mclass}|nums={min(numbers, 3)}"])
-    )
+    crossed = [f"{mclass}|{first_word}", f"{mclass}|{length}"]
+    if question:
+        crossed.append(f"{mclass}|q")
+    out.append(("x|", crossed))
     out.append(("z|", dense))
     out.append(("y|", symbols))
     if words:
-        joined = " " + " ".join(lettered)[:_GRAM_CHARS] + " "
-        out.append(("g|", [joined[i : i + 3] for i in range(len(joined) - 2)]))
         out.append(("f|", words[:1]))
         if len(words) > 1:
             out.append(("f2|", [f"{words[0]} {words[1]}"]))
@@ -143,6 +162,10 @@ def groups(ask: Ask) -> list[Group]:
 
 
 _KANA = re.compile("[\u3040-\u30ff]")
+# Laughter and "just kidding", as people write it in any language: banter, not a task.
+_LAUGH = re.compile(  # one group of literals: the regex engine skips to their first letters
+    r"(?:lol|lmao|haha|hehe|jaja|kkkk|mdr|хаха|哈哈|ㅋㅋ|笑|😂|🤣|😄|🙄|kidding|jk\b)"
+)
 
 
 def _is_dense(char: str) -> bool:
