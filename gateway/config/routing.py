@@ -16,6 +16,7 @@ from gateway.config.routing_rules import (
     PROOF_CHECK_UNLESS,
     PROOF_EDIT,
     PROOF_EDIT_UNLESS,
+    PROOF_JOKE,
     PROOF_NOUN_WORDS,
     PROOF_REQUEST,
     PROOF_REQUEST_UNLESS,
@@ -209,6 +210,9 @@ class RoutingSettings(BaseModel):
                 pattern=PROOF_REQUEST,
                 unless=PROOF_REQUEST_UNLESS,
                 requires=PROOF_WORDS,
+            ),
+            RuleSettings(
+                name="proof-joke", thinking="off", pattern=PROOF_JOKE, requires=PROOF_WORDS
             ),
         ),
         description="Named, versioned rules for auto models, in order: the first whose "

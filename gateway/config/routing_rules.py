@@ -45,10 +45,20 @@ PROOF_REQUEST = rf"{_START}{_LEADS}{_PROVE_VERBS}\b|{_ZH_PROVE}|{_JA_KO_PROVE}"
 # you're an AI? haha just kidding"), or says not to ("no need to prove it").
 PROOF_REQUEST_UNLESS = (
     r"\b(?:prove|show)\s+(?:(?:that\s+)?you(?:'re|\s+are|\s+can)?|yourself|it to me|me wrong)\b"
+    r"|-moi que tu|\bque tu (?:es|n'es)|\bque (?:eres|no eres|você é|você não é|tu és)\b"
+    r"|\bdass du\b|\bчто ты\b|너 진짜|お前が|あなたが(?:人間|ai|ロボット)"
+    r"|\bje rigole\b|\bje plaisante\b|\bbromeo\b|\bestoy bromeando\b"
     r"|\bjust kidding\b|\bj/?k\b|\bha(?:ha)+\b|\blol\b|\bkidding\b|😂|🤣"
     r"|\b(?:no need to|don't|do not|without)\s+(?:\w+\s+)?(?:prove|proving)\b"
     r"|开玩笑|哈哈|不用证明|不需要证明|无需证明|冗談|笑|ㅋㅋ|농담"
     r"|\bnur spaß\b|\bspaß\b|\bje plaisante\b|\bes broma\b|\bbrincadeira\b|\bшучу\b"
+)
+# Laughter or "just kidding" beside a proof word that no rule above took as a request: a dare or
+# banter ("너 진짜 AI 맞는지 증명해 봐 ㅋㅋ 농담이야", "my kid asked me to prove Santa exists lol").
+PROOF_JOKE = (
+    r"\bjust kidding\b|\bj/?k\b|\bha(?:ha)+\b|\blol\b|\blmao\b|😂|🤣|🙄|开玩笑|哈哈|冗談|ㅋㅋ|농담"
+    r"|\bje rigole\b|\bje plaisante\b|\bmdr\b|\bbroma\b|\bbromeo\b|\bjaja\w*|\bbrincadeira\b"
+    r"|\bkkk+\b|\bшучу\b|\bхаха\w*|\bspaß\b|\bscherz\w*"
 )
 # A proof to check, not to write: "check my proof", "is this proof correct", "find the
 # mistake in this argument", 检查这个证明, この証明は正しい.
@@ -82,11 +92,15 @@ PROOF_CHECK_UNLESS = (
 PROOF_EDIT = (
     r"\b(?:format|typeset|translate|reformat|convert|transcribe|latex-?ify|rewrite|paraphrase"
     r"|proofread|copy-?edit|summari[sz]e|clean up|render"
-    r"|formatiere|übersetze|traduis|traduire|mets en forme|formatea|traduce|traduz|formate"
-    r"|переведи|оформи)\b[^.?!\n]{0,40}"
+    r"|formatiere|übersetze?|mach aus|traduis|traduire|mets en forme|mets|passe|formatea|traduce"
+    r"|traduz|formate|pasa|passa|переведи|оформи)\b[^.?!\n]{0,40}"
     + _PROOF_NOUNS
     + r"|(?:排版|翻译|格式化|转成|转换成|改写|润色|整理)[^。！？\n]{0,20}证明"
     r"|证明[^。！？\n]{0,20}(?:排版|翻译成|格式化|转成|转换成|改成\s*latex)"
+    + r"|"
+    + _PROOF_NOUNS
+    + r"[^.?!\n]{0,40}\b(?:(?:in|into|to|en|a|para|auf|в)\s+latex|latex\s+"
+    r"(?:code|format)|numbered list|nummerierte liste|liste numérotée|lista numerada)"
     r"|証明[^。！？\n]{0,20}(?:翻訳|整形|清書)|증명[^.?!\n]{0,20}(?:번역|서식|정리)"
 )
 # ... unless a check or a proof of its own is asked too ("translate it and check each step").

@@ -77,6 +77,11 @@ _QUOTED = re.compile(
     r"|'(?<=[\s:：]')[^'\n]{40,}'(?=[\s.,;:?!)]|$)"
 )  # every alternative starts with its quote mark, so the regex engine skips to those
 _ASK_END = frozenset(".?!。？！")
+_QUESTION = re.compile(r"[?？]")
+# A pasted document's title: in brackets (【重要】, [공지]), in capitals, or a name and a dash
+# ("Compte rendu – Réunion ...", "Article 6 – Durée"), not ending as a sentence or a lead-in.
+_TITLE = re.compile(r"\s*(?:[\[【〔「(]|[^a-z\n]{6,}$|[^\n]{3,60}\s[–—-]\s)")
+_TITLE_NOT_END = frozenset(".?!。？！:：,，")
 _LEAD_IN = re.compile(r"(?:[:：]|如下|below|following)\s*$", re.I)
 _ASK_LINE = re.compile(r"[.?!。？！:：]\s*$")
 _ATTACHED = re.compile(
@@ -92,8 +97,14 @@ _CONTINUE = re.compile(
     r"|finish it|resume|try again|retry|same for the rest|do the rest)(?: please)?$"
     r"|^(?:ok|okay|yes|yep|sure)$"
     r"|^(?:好的?|嗯|是的?|对|可以|谢谢)?\s*(?:继续|接着来?|接着说|然后呢|请继续|下一步|再来|重试|行)$"
+    # the same in Japanese, Korean, German, French, Spanish, Portuguese and Russian
+    r"|^(?:ok|okay|ja|oui|sí|si|sim|да|はい|네|bitte|s'il te plaît|por favor|пожалуйста)?\s*"
+    r"(?:weiter|mach weiter|weitermachen|fortfahren|continue[rz]?|vas-y|la suite|continúa|continua"
+    r"|sigue|seguir|siga|continue aí|continua aí|vai|продолжай(?:те)?|дальше|давай дальше|続けて"
+    r"|続き|続きを|どうぞ|계속|계속해|계속해\s*줘|계속\s*해\s*줘)"
+    r"(?:\s*(?:bitte|s'il te plaît|por favor|пожалуйста|ください|주세요))?$"
 )
-_PUNCT = re.compile(r"[\s.,!?;:。，！？；：…~\-]+")
+_PUNCT = re.compile(r"[\s.,!?;:。，！？；：…~\-¡¿、]+")
 
 
 @record
@@ -303,6 +314,10 @@ def _instruction(prose: list[str], kinds: set[str], opens_with_prose: bool = Fal
     if len(paragraphs) > 1 and len(last) <= 300 and opens_with_prose:
         _left_out(paragraphs[0], kinds)
         return last
+    titled = _titled_document(paragraphs)
+    if titled is not None:
+        _left_out(paragraphs[0], kinds)
+        return titled
     if len(paragraphs) > 1 and _asks_then_pastes(paragraphs):
         _left_out(paragraphs[1], kinds)
         return paragraphs[0]
@@ -314,11 +329,16 @@ def _instruction(prose: list[str], kinds: set[str], opens_with_prose: bool = Fal
     first = paragraphs[0]
     lines = first.split("\n")
     rest = len(first) - len(lines[0])
-    if len(lines) > 1 and rest > 150 and _ASK_LINE.search(lines[0]):
+    # a lead-in ("Hazme un CSV con esto:"), then text that asks nothing of its own
+    lead_in = lines[0].rstrip().endswith((":", "：")) and not _QUESTION.search(first, len(lines[0]))
+    if len(lines) > 1 and (rest > 150 or (lead_in and rest > 40)) and _ASK_LINE.search(lines[0]):
         # a one-line ask, then pasted text without a blank line between
         paragraphs = [lines[0], "\n".join(lines[1:]), *paragraphs[1:]]
         first = lines[0]
         _left_out(paragraphs[1], kinds)
+        if lead_in:  # "Bitte die Kernaussagen als Stichpunkte:", then the text
+            last = paragraphs[-1]
+            return first + (f"\n{last}" if len(paragraphs) > 2 and len(last) <= 300 else "")
     text = "\n".join(paragraphs)
     lead = _lead_in_end(first)
     if lead is not None and len(first) - lead > 80:
@@ -336,6 +356,22 @@ def _instruction(prose: list[str], kinds: set[str], opens_with_prose: bool = Fal
     if len(last) > 300 and _LEAD_IN.search(first.splitlines()[-1]):
         return first
     return f"{first}\n{last}" if len(last) <= 300 else first
+
+
+def _titled_document(paragraphs: list[str]) -> str | None:
+    """The ask after a pasted document that opens with a title ("AVISO A LOS VECINOS",
+    "[공지] 사내 식당 운영 시간 변경", "Compte rendu – Réunion du 18 novembre"): its last paragraph,
+    or with one paragraph its last line; None when the text does not open with a title."""
+    first = paragraphs[0]
+    title, _, body = first.partition("\n")
+    if len(paragraphs) == 1 and body.count("\n") < 2:
+        return None  # a title, then at least two lines of text and the ask
+    if not _TITLE.match(title) or len(title) > 80 or title.rstrip()[-1] in _TITLE_NOT_END:
+        return None
+    if len(paragraphs) > 1:
+        return paragraphs[-1] if len(paragraphs[-1]) <= 300 else None
+    ask = first.rsplit("\n", 1)[1].strip()
+    return ask if len(ask) <= 200 else None
 
 
 def _asks_then_pastes(paragraphs: list[str]) -> bool:

@@ -48,7 +48,7 @@ _TOKEN = re.compile(
 _MAX_TOKENS = 40  # of the instruction (it is clipped to 300 characters already)
 _MAX_DENSE = 32  # dense-script characters read (the cost per decision is bounded by these)
 _ITEM = re.compile(r"(?m)^\s*(?:[-*•]|\d+[.)]|\(?[a-z]\))\s")
-TECH = frozenset({"code", "log", "trace", "config"})
+TECH = frozenset({"code", "log", "trace"})
 
 
 Group = tuple[str, list[str]]  # a prefix ("w|", ...) and the keys after it
@@ -76,11 +76,14 @@ def word_grams(word: str) -> list[str]:
 
 
 def material_class(material: tuple[str, ...]) -> str:
-    """ "tech" when the ask carries code, logs, traces or configuration; "prose" when it carries
-    prose only (mail, minutes, articles, notices); else "none" (context or tool results only)."""
+    """ "tech" when the ask carries code, logs or traces, or configuration without prose; "prose"
+    when it carries prose (mail, minutes, articles, notices: their "Date: 9 May" lines read as
+    configuration); else "none" (context or tool results only)."""
     if TECH.intersection(material):
         return "tech"
-    return "prose" if "prose" in material else "none"
+    if "prose" in material:
+        return "prose"
+    return "tech" if "config" in material else "none"
 
 
 def groups(ask: Ask) -> list[Group]:

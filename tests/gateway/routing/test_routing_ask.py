@@ -255,3 +255,35 @@ def test_code_and_premises_are_not_prose_material() -> None:
     check = "Check my proof:\n\nClaim: n^2 + n is even. Proof: n^2 + n = n(n + 1), ... QED"
     ask = ask_of(request(Message("user", check)))
     assert ask.instruction == "Check my proof:"
+
+
+def test_a_titled_document_pasted_before_the_ask_is_prose_material() -> None:
+    notice = (
+        "[공지] 사내 식당 운영 시간 변경\n"
+        "12월 1일부터 사내 식당 운영 시간이 아래와 같이 변경됩니다.\n"
+        "점심 11:30~13:30, 저녁 17:30~19:00\n"
+        "메뉴 관련 건의는 총무팀 내선 3021로 연락 바랍니다.\n"
+        "금요일 저녁에 식당 열어?"
+    )
+    ask = ask_of(request(Message("user", notice)))
+    assert ask.instruction == "금요일 저녁에 식당 열어?" and "prose" in ask.material
+    # a first line that is no title leaves the lines one ask
+    lines = "Quick question\nThere are 5 boxes.\nEach label lies.\nHow many ways?"
+    assert ask_of(request(Message("user", lines))).instruction == lines
+
+
+def test_continuing_turns_are_recognised_in_every_language() -> None:
+    hard = Message("user", "Wie viele Wege gibt es, 10 Bonbons auf 4 Kinder zu verteilen?")
+    answer = Message("assistant", "84")
+    for text in (
+        "Weiter bitte",
+        "continua",
+        "¡Sigue!",
+        "Continuez",
+        "続けて",
+        "계속해 줘",
+        "продолжай",
+    ):
+        assert turn_of(request(hard, answer, Message("user", text))) == "continue", text
+    for text in ("Warum?", "continua a explicar a segunda parte com um exemplo"):
+        assert turn_of(request(hard, answer, Message("user", text))) == "new", text

@@ -67,7 +67,26 @@ def test_a_request_to_prove_is_decided_by_the_proof_rule(judge: Judge, text: str
 def test_a_dare_a_joke_a_negation_or_a_quotation_is_not_a_request_to_prove(
     judge: Judge, text: str
 ) -> None:
-    assert not decide(judge, text).reason.startswith("rule:proof")
+    assert decide(judge, text).reason not in ("rule:proof-request@2", "rule:proof-check@1")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Can you prove you're an AI? haha just kidding. Good morning!",
+        "哈哈，我朋友说他能证明 1=2，你信不信？",
+        "너 진짜 AI 맞는지 증명해 봐 ㅋㅋ 농담이야. 좋은 아침!",
+        "Prouve-moi que tu n'es pas un humain ! Non je rigole.",
+    ],
+)
+def test_banter_about_proving_goes_fast_by_the_proof_joke_rule(judge: Judge, text: str) -> None:
+    assert decide(judge, text) == Verdict(False, "rule:proof-joke@1")
+
+
+def test_laughter_beside_a_request_to_prove_leaves_the_request_standing(judge: Judge) -> None:
+    verdict = decide(judge, "Prove that 0.999... = 1. My friends say it's a trick. Lol.")
+    assert verdict == Verdict(True, "rule:proof-request@2")
+    assert decide(judge, "lol what a day. what's the capital of Peru?").reason == "model"
 
 
 @pytest.mark.parametrize(
@@ -131,7 +150,6 @@ def test_checking_a_proofs_spelling_is_not_checking_the_proof(judge: Judge, text
         "Who proved Fermat's Last Theorem, and in what year?",
         "This recipe has proven popular; rewrite the intro to be friendlier.",
         "黎曼猜想是谁证明的？",
-        "哈哈，我朋友说他能证明 1=2，你信不信？",
         "My friend says he can prove 1 = 2. Funny, right?",
     ],
 )
