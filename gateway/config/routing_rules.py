@@ -43,22 +43,21 @@ _JA_KO_PROVE = (
 PROOF_REQUEST = rf"{_START}{_LEADS}{_PROVE_VERBS}\b|{_ZH_PROVE}|{_JA_KO_PROVE}"
 # ... unless the sentence, or the one after it, makes it a dare or a joke ("can you prove
 # you're an AI? haha just kidding"), or says not to ("no need to prove it").
-PROOF_REQUEST_UNLESS = (
-    r"\b(?:prove|show)\s+(?:(?:that\s+)?you(?:'re|\s+are|\s+can)?|yourself|it to me|me wrong)\b"
-    r"|-moi que tu|\bque tu (?:es|n'es)|\bque (?:eres|no eres|você é|você não é|tu és)\b"
-    r"|\bdass du\b|\bчто ты\b|너 진짜|お前が|あなたが(?:人間|ai|ロボット)"
-    r"|\bje rigole\b|\bje plaisante\b|\bbromeo\b|\bestoy bromeando\b"
-    r"|\bjust kidding\b|\bj/?k\b|\bha(?:ha)+\b|\blol\b|\bkidding\b|😂|🤣"
-    r"|\b(?:no need to|don't|do not|without)\s+(?:\w+\s+)?(?:prove|proving)\b"
+PROOF_REQUEST_UNLESS = (  # words in one group (one boundary test), the rest literals
+    r"\b(?:just kidding|j/?k|ha(?:ha)+|lol|kidding|je rigole|je plaisante|bromeo|estoy bromeando"
+    r"|nur spaß|spaß|es broma|brincadeira|шучу|dass du|что ты|que tu (?:es|n'es)"
+    r"|que (?:eres|no eres|você é|você não é|tu és)\b"
+    r"|(?:prove|show)\s+(?:(?:that\s+)?you(?:'re|\s+are|\s+can)?|yourself|it to me|me wrong)"
+    r"|(?:no need to|don't|do not|without)\s+(?:\w+\s+)?(?:prove|proving))\b"
+    r"|-moi que tu|\bque tu (?:es|n'es)|😂|🤣|너 진짜|お前が|あなたが(?:人間|ai|ロボット)"
     r"|开玩笑|哈哈|不用证明|不需要证明|无需证明|冗談|笑|ㅋㅋ|농담"
-    r"|\bnur spaß\b|\bspaß\b|\bje plaisante\b|\bes broma\b|\bbrincadeira\b|\bшучу\b"
 )
 # Laughter or "just kidding" beside a proof word that no rule above took as a request: a dare or
 # banter ("너 진짜 AI 맞는지 증명해 봐 ㅋㅋ 농담이야", "my kid asked me to prove Santa exists lol").
-PROOF_JOKE = (
-    r"\bjust kidding\b|\bj/?k\b|\bha(?:ha)+\b|\blol\b|\blmao\b|😂|🤣|🙄|开玩笑|哈哈|冗談|ㅋㅋ|농담"
-    r"|\bje rigole\b|\bje plaisante\b|\bmdr\b|\bbroma\b|\bbromeo\b|\bjaja\w*|\bbrincadeira\b"
-    r"|\bkkk+\b|\bшучу\b|\bхаха\w*|\bspaß\b|\bscherz\w*"
+PROOF_JOKE = (  # words in one group (one boundary test), the rest literals
+    r"\b(?:just kidding|j/?k|ha(?:ha)+|lol|lmao|je rigole|je plaisante|mdr|broma|bromeo"
+    r"|brincadeira|kkk+|шучу|spaß)\b|\b(?:jaja|хаха|scherz)\w*"
+    r"|😂|🤣|🙄|开玩笑|哈哈|冗談|ㅋㅋ|농담"
 )
 # A proof to check, not to write: "check my proof", "is this proof correct", "find the
 # mistake in this argument", 检查这个证明, この証明は正しい.
