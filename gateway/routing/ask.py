@@ -283,7 +283,7 @@ def _user_ask(
     material += len(code) + len(docs)
     prose, pasted = split_lines(body, kinds)
     material += pasted
-    instruction = _instruction(prose, kinds, _opens_with_prose(body))
+    instruction = _instruction(prose, kinds, body)
     material += max(len("\n".join(prose)) - len(instruction), 0)
     if _QUOTE_MARKS.search(instruction) is not None:
         quoted = len(instruction)
@@ -302,16 +302,16 @@ def _opens_with_prose(body: str) -> bool:
     return pasted_kind(head, 3) in ("prose", "quote")
 
 
-def _instruction(prose: list[str], kinds: set[str], opens_with_prose: bool = False) -> str:
+def _instruction(prose: list[str], kinds: set[str], body: str = "") -> str:
     """The instruction among the prose lines: all of it when short; in a long text, the first
     and last paragraphs (what sits between is a pasted document), and before a lead-in ending
     in a colon, only what leads in (and the last paragraph). After pasted prose that opens the
-    text (a mail, minutes), the last paragraph."""
+    text (`body`, the text the prose lines came from: a mail, minutes), the last paragraph."""
     paragraphs = [p.strip() for p in "\n".join(prose).split("\n\n") if p.strip()]
     if not paragraphs:
         return ""
     last = paragraphs[-1]
-    if len(paragraphs) > 1 and len(last) <= 300 and opens_with_prose:
+    if len(paragraphs) > 1 and len(last) <= 300 and _opens_with_prose(body):
         _left_out(paragraphs[0], kinds)
         return last
     titled = _titled_document(paragraphs)

@@ -103,7 +103,9 @@ def groups(ask: Ask) -> list[Group]:
         out.append(("x|", [f"{mclass}|empty"]))
         return out
     text = ask.instruction
-    text = (text if text.isascii() else unicodedata.normalize("NFKC", text)).lower()
+    if not text.isascii() and not unicodedata.is_normalized("NFKC", text):
+        text = unicodedata.normalize("NFKC", text)  # the check alone is far cheaper
+    text = text.lower()
     length = f"len={_log2_bucket(len(text))}"
     structure.append(length)
     question = "?" in text
