@@ -106,26 +106,30 @@ def per_reason(items: list[Item], found: list[Verdict]) -> dict[str, list[int]]:
 
 
 class Samples:
-    """Each decision's wall-clock time, and this thread's CPU time over all of them (on a shared
-    machine the wall clock also counts the time other processes held the core), microseconds."""
+    """Each decision's wall-clock time and this thread's CPU time during it, microseconds (on a
+    shared machine the wall clock also counts the time other processes held the core; the CPU
+    time does not, so its p99 is the judge's own tail there)."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []
-        self._cpu_started = time.thread_time_ns()
-        self._start = 0
+        self.cpu: list[float] = []
+        self._start = self._cpu_start = 0
 
     def start(self) -> None:
+        self._cpu_start = time.thread_time_ns()
         self._start = time.perf_counter_ns()
 
     def stop(self) -> None:
         self.wall.append((time.perf_counter_ns() - self._start) / 1000)
+        self.cpu.append((time.thread_time_ns() - self._cpu_start) / 1000)
 
     def __str__(self) -> str:
-        cpu_mean = (time.thread_time_ns() - self._cpu_started) / 1000 / len(self.wall)
         p50, p99 = percentiles(self.wall)
+        cpu50, cpu99 = percentiles(self.cpu)
+        cpu_mean = sum(self.cpu) / len(self.cpu)
         return (
-            f"p50 {p50:.1f} us, p99 {p99:.1f} us wall-clock; CPU {cpu_mean:.1f} us a decision, "
-            f"the loop included ({len(self.wall)} decisions)"
+            f"p50 {p50:.1f} us, p99 {p99:.1f} us wall-clock; CPU p50 {cpu50:.1f} us, p99 "
+            f"{cpu99:.1f} us, mean {cpu_mean:.1f} us ({len(self.wall)} decisions)"
         )
 
 
