@@ -10,6 +10,18 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from gateway.config.frozen import FROZEN
+from gateway.config.routing_rules import (
+    GREETING_ONLY,
+    PROOF_CHECK,
+    PROOF_CHECK_UNLESS,
+    PROOF_EDIT,
+    PROOF_EDIT_UNLESS,
+    PROOF_JOKE,
+    PROOF_NOUN_WORDS,
+    PROOF_REQUEST,
+    PROOF_REQUEST_UNLESS,
+    PROOF_WORDS,
+)
 
 
 class RuleSettings(BaseModel):
@@ -37,6 +49,17 @@ class RuleSettings(BaseModel):
         description="A regex searched (case-insensitively) in the ask: the user's instruction "
         "without pasted material or the client's wrapper (gateway/routing/ask.py).",
     )
+    unless: str | None = Field(
+        default=None,
+        description="A regex (case-insensitive) that undoes a match of `pattern`: a match whose "
+        "sentence, or the sentence after it, holds it does not count (negation, a joke, "
+        '"format this proof" beside "prove").',
+    )
+    quoted: bool = Field(
+        default=False,
+        description="Whether a match of `pattern` inside quotation marks counts (by default "
+        "quoted words are what the ask is about, not what it asks).",
+    )
     requires: tuple[str, ...] = Field(
         default=(),
         description="Words of which one must occur in the lower-cased ask before `pattern` is "
@@ -55,7 +78,7 @@ class RuleSettings(BaseModel):
         "empty: all.",
     )
 
-    @field_validator("pattern")
+    @field_validator("pattern", "unless")
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
         if value is not None:
@@ -155,37 +178,41 @@ class PrefixSettings(BaseModel):
     )
 
 
-# A request to prove: "prove" / "show that" / 证明 opening a sentence of the ask, after at most
-# a greeting, a thanks or a polite lead ("thanks! can you prove ...", "问一下：证明："); not
-# "the logs show that", "who proved", "他说他能证明".
-PROOF_REQUEST = (
-    r"(?:^|[.!?;]\s+|\n)\s*(?:(?:thanks|thank you|thx|ok|okay|hi|hello|hey|so|now|also|and|"
-    r"question|quick question)[,!.:]?\s+)*(?:(?:please|can you|could you|would you|try to|help me|"
-    r"i need you to|i want you to|now)\s+)*(?:prove|show that|disprove|give a proof|write a proof)"
-    r"\b|(?:^|[。！？；\n])\s*(?:(?:谢谢|你好|好的|问一下|请问|题目)[，,！!：:]?\s*)*"
-    r"(?:请|试|帮我|麻烦)?(?:证明|求证)"
-)
-# The whole ask is a greeting or thanks (a leading "thanks" before a question decides nothing).
-GREETING_ONLY = (
-    r"^\s*(?:(?:hi|hello|hey|thanks|thank you|thx|cheers|good (?:morning|evening|night)|"
-    r"ok|okay|great|nice|你好|您好|谢谢(?:你|您|啦|了)?|多谢|辛苦了|早上好|晚安|嗨|好的)"
-    r"(?: so much| a lot| all)?"
-    r"[\s,!.。！，~～]*)+$"
-)
-
-
 class RoutingSettings(BaseModel):
     model_config = FROZEN
     rules: tuple[RuleSettings, ...] = Field(
         default=(
             RuleSettings(
-                name="proof-request",
-                thinking="on",
-                pattern=PROOF_REQUEST,
-                requires=("prove", "show that", "proof", "证明", "求证"),
+                name="greeting-only",
+                version=2,
+                thinking="off",
+                pattern=GREETING_ONLY,
+                turns=("new",),
             ),
             RuleSettings(
-                name="greeting-only", thinking="off", pattern=GREETING_ONLY, turns=("new",)
+                name="proof-edit",
+                thinking="off",
+                pattern=PROOF_EDIT,
+                unless=PROOF_EDIT_UNLESS,
+                requires=PROOF_NOUN_WORDS,
+            ),
+            RuleSettings(
+                name="proof-check",
+                thinking="on",
+                pattern=PROOF_CHECK,
+                unless=PROOF_CHECK_UNLESS,
+                requires=PROOF_NOUN_WORDS,
+            ),
+            RuleSettings(
+                name="proof-request",
+                version=2,
+                thinking="on",
+                pattern=PROOF_REQUEST,
+                unless=PROOF_REQUEST_UNLESS,
+                requires=PROOF_WORDS,
+            ),
+            RuleSettings(
+                name="proof-joke", thinking="off", pattern=PROOF_JOKE, requires=PROOF_WORDS
             ),
         ),
         description="Named, versioned rules for auto models, in order: the first whose "

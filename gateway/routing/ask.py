@@ -16,10 +16,12 @@ What counts as material, removed from the instruction:
   - fenced code blocks (```), and XML-like document blocks (<document>, <file>, <log>, ...);
     these and the pasted lines below are found by `pasted.py`;
   - lines that look pasted: log lines (a timestamp or level first), stack-trace frames, quoted
-    lines ("> "), e-mail headers, indented or symbol-heavy code, `key: value` / `key = value`
-    configuration lines;
+    lines ("> "), indented or symbol-heavy code, `key: value` / `key = value` configuration
+    lines; e-mail headers and labelled sentences ("ACTION: Ana to send the deck") are prose;
   - in a long text of several paragraphs, the paragraphs between the first and the last (a pasted
     document), and everything after a lead-in ending in a colon ("Here is the log:", "内容如下：");
+    what is left out of these reads as prose (mail, minutes, articles, notices: kind "prose")
+    when its lines are sentences, not code, logs or configuration;
   - long quoted text inside the ask ("Translate this: '...'", 把“...”改写一下), left as “…”.
 
 How a turn is classified (`turn`):
@@ -38,13 +40,23 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from gateway.routing.pasted import code_kind, remove_documents, remove_fences, split_lines
+from gateway.routing.pasted import (
+    code_kind,
+    document_kind,
+    is_prose_line,
+    pasted_kind,
+    remove_documents,
+    remove_fences,
+    split_lines,
+)
 from plumbing.record import record
 from providers.types import ChatRequest, Message
 
 Turn = Literal["new", "continue", "tool"]
 Unwrapped = tuple[str | None, str]  # see _unwrapped
-MATERIAL_KINDS = ("context", "code", "log", "trace", "config", "quote", "document", "tool")
+MATERIAL_KINDS = (
+    "context", "code", "log", "trace", "config", "quote", "prose", "document", "tool"
+)  # fmt: skip
 _MAX_INSTRUCTION = 300  # characters scored: the ask's head (2/3) and tail (1/3) beyond it
 _MAX_SCAN = 20_000  # characters of one message read at all (bounded cost)
 
@@ -64,6 +76,12 @@ _QUOTED = re.compile(
     r"\"[^\"\n]{40,}\"|“[^”]{24,}”|‘[^’]{40,}’|「[^」]{24,}」|『[^』]{24,}』"
     r"|'(?<=[\s:：]')[^'\n]{40,}'(?=[\s.,;:?!)]|$)"
 )  # every alternative starts with its quote mark, so the regex engine skips to those
+_ASK_END = frozenset(".?!。？！")
+_QUESTION = re.compile(r"[?？]")
+# A pasted document's title: in brackets (【重要】, [공지]), in capitals, or a name and a dash
+# ("Compte rendu – Réunion ...", "Article 6 – Durée"), not ending as a sentence or a lead-in.
+_TITLE = re.compile(r"\s*(?:[\[【〔「(]|[^a-z\n]{6,}$|[^\n]{3,60}\s[–—-]\s)")
+_TITLE_NOT_END = frozenset(".?!。？！:：,，")
 _LEAD_IN = re.compile(r"(?:[:：]|如下|below|following)\s*$", re.I)
 _ASK_LINE = re.compile(r"[.?!。？！:：]\s*$")
 _ATTACHED = re.compile(
@@ -79,8 +97,14 @@ _CONTINUE = re.compile(
     r"|finish it|resume|try again|retry|same for the rest|do the rest)(?: please)?$"
     r"|^(?:ok|okay|yes|yep|sure)$"
     r"|^(?:好的?|嗯|是的?|对|可以|谢谢)?\s*(?:继续|接着来?|接着说|然后呢|请继续|下一步|再来|重试|行)$"
+    # the same in Japanese, Korean, German, French, Spanish, Portuguese and Russian
+    r"|^(?:ok|okay|ja|oui|sí|si|sim|да|はい|네|bitte|s'il te plaît|por favor|пожалуйста)?\s*"
+    r"(?:weiter|mach weiter|weitermachen|fortfahren|continue[rz]?|vas-y|la suite|continúa|continua"
+    r"|sigue|seguir|siga|continue aí|continua aí|vai|продолжай(?:те)?|дальше|давай дальше|続けて"
+    r"|続き|続きを|どうぞ|계속|계속해|계속해\s*줘|계속\s*해\s*줘)"
+    r"(?:\s*(?:bitte|s'il te plaît|por favor|пожалуйста|ください|주세요))?$"
 )
-_PUNCT = re.compile(r"[\s.,!?;:。，！？；：…~\-]+")
+_PUNCT = re.compile(r"[\s.,!?;:。，！？；：…~\-¡¿、]+")
 
 
 @record
@@ -255,11 +279,11 @@ def _user_ask(
         kinds.add(code_kind(code))
     body, docs = remove_documents(body) if "<" in body else (body, "")
     if docs:
-        kinds.add("document")
+        kinds.add(document_kind(docs))
     material += len(code) + len(docs)
     prose, pasted = split_lines(body, kinds)
     material += pasted
-    instruction = _instruction(prose, kinds)
+    instruction = _instruction(prose, kinds, body)
     material += max(len("\n".join(prose)) - len(instruction), 0)
     if _QUOTE_MARKS.search(instruction) is not None:
         quoted = len(instruction)
@@ -271,25 +295,54 @@ def _user_ask(
     return Ask(_clip(instruction), ordered, material, client, turn, earlier)
 
 
-def _instruction(prose: list[str], kinds: set[str]) -> str:
+def _opens_with_prose(body: str) -> bool:
+    """Whether the text opens with pasted prose: an e-mail header, a quoted line or a labelled
+    sentence (a mail or minutes pasted first, the ask after them)."""
+    head = body.lstrip()[:300].split("\n", 1)[0]
+    return pasted_kind(head, 3) in ("prose", "quote")
+
+
+def _instruction(prose: list[str], kinds: set[str], body: str = "") -> str:
     """The instruction among the prose lines: all of it when short; in a long text, the first
     and last paragraphs (what sits between is a pasted document), and before a lead-in ending
-    in a colon, only what leads in (and the last paragraph)."""
+    in a colon, only what leads in (and the last paragraph). After pasted prose that opens the
+    text (`body`, the text the prose lines came from: a mail, minutes), the last paragraph."""
     paragraphs = [p.strip() for p in "\n".join(prose).split("\n\n") if p.strip()]
     if not paragraphs:
         return ""
+    last = paragraphs[-1]
+    if len(paragraphs) > 1 and len(last) <= 300 and _opens_with_prose(body):
+        _left_out(paragraphs[0], kinds)
+        return last
+    titled = _titled_document(paragraphs)
+    if titled is not None:
+        _left_out(paragraphs[0], kinds)
+        return titled
+    if len(paragraphs) > 1 and _asks_then_pastes(paragraphs):
+        _left_out(paragraphs[1], kinds)
+        return paragraphs[0]
+    if len(paragraphs) > 1 and len(last) <= 300:
+        for n, paragraph in enumerate(paragraphs[:-2]):
+            if _LEAD_IN.search(paragraph):  # "Here are the notes:", then the notes, then the ask
+                _left_out(paragraphs[n + 1], kinds)
+                return "\n".join([*paragraphs[: n + 1], last])
     first = paragraphs[0]
     lines = first.split("\n")
     rest = len(first) - len(lines[0])
-    if len(lines) > 1 and rest > 150 and _ASK_LINE.search(lines[0]):
+    # a lead-in ("Hazme un CSV con esto:"), then text that asks nothing of its own
+    lead_in = lines[0].rstrip().endswith((":", "：")) and not _QUESTION.search(first, len(lines[0]))
+    if len(lines) > 1 and (rest > 150 or (lead_in and rest > 40)) and _ASK_LINE.search(lines[0]):
         # a one-line ask, then pasted text without a blank line between
         paragraphs = [lines[0], "\n".join(lines[1:]), *paragraphs[1:]]
         first = lines[0]
-        kinds.add("document")
+        _left_out(paragraphs[1], kinds)
+        if lead_in:  # "Bitte die Kernaussagen als Stichpunkte:", then the text
+            last = paragraphs[-1]
+            return first + (f"\n{last}" if len(paragraphs) > 2 and len(last) <= 300 else "")
     text = "\n".join(paragraphs)
     lead = _lead_in_end(first)
     if lead is not None and len(first) - lead > 80:
-        kinds.add("document")
+        _left_out(first[lead:], kinds)
         after = [first[lead:].strip(), *paragraphs[1:]]
         last = after[-1]
         # the last paragraph is an ask of its own when the pasted text ended before it
@@ -298,11 +351,49 @@ def _instruction(prose: list[str], kinds: set[str]) -> str:
         return first
     if len(text) <= 400 and lead is None:
         return text
-    kinds.add("document")
+    _left_out(paragraphs[1], kinds)
     last = paragraphs[-1]
     if len(last) > 300 and _LEAD_IN.search(first.splitlines()[-1]):
         return first
     return f"{first}\n{last}" if len(last) <= 300 else first
+
+
+def _titled_document(paragraphs: list[str]) -> str | None:
+    """The ask after a pasted document that opens with a title ("AVISO A LOS VECINOS",
+    "[공지] 사내 식당 운영 시간 변경", "Compte rendu – Réunion du 18 novembre"): its last paragraph,
+    or with one paragraph its last line; None when the text does not open with a title."""
+    first = paragraphs[0]
+    title, _, body = first.partition("\n")
+    if len(paragraphs) == 1 and body.count("\n") < 2:
+        return None  # a title, then at least two lines of text and the ask
+    if not _TITLE.match(title) or len(title) > 80 or title.rstrip()[-1] in _TITLE_NOT_END:
+        return None
+    if len(paragraphs) > 1:
+        return paragraphs[-1] if len(paragraphs[-1]) <= 300 else None
+    ask = first.rsplit("\n", 1)[1].strip()
+    return ask if len(ask) <= 200 else None
+
+
+def _asks_then_pastes(paragraphs: list[str]) -> bool:
+    """A short ask that ends as a sentence ("Во сколько сбор?", "以下の連絡から集合時間だけ抜き出
+    して。"), then longer prose with no question in it: the prose is what the ask is about. (A
+    premise first and its question last stay one ask; so does a lead-in ending in a colon.)"""
+    first = paragraphs[0]
+    if len(first) > 200 or first[-1] not in _ASK_END:
+        return False
+    if sum(map(len, paragraphs[1:])) <= len(first):  # what is pasted is longer than the ask
+        return False
+    if any("?" in p or "？" in p for p in paragraphs[1:]):
+        return False
+    return is_prose_line(paragraphs[1].split("\n", 1)[0])
+
+
+def _left_out(text: str, kinds: set[str]) -> None:
+    """Note the kind of a pasted text left out of the instruction: a document, and prose when
+    one of its first lines reads as a sentence (these lines are not code, logs or config)."""
+    kinds.add("document")
+    if any(is_prose_line(line) for line in text.lstrip().split("\n", 3)[:3]):
+        kinds.add("prose")
 
 
 def _lead_in_end(paragraph: str) -> int | None:

@@ -1,20 +1,32 @@
 """The features of an ask (`ask.Ask`) that the learned scorer weighs, as strings.
 
-Every feature is present or absent (value 1); the scorer sums the weights of those present.
-  w|<word>        English words of the instruction (lower-cased; a number reads as "0")
-  p|<prefix>      the first 4 letters of words of 5 letters or more (stems: "prove",
-                  "proof", "proving" share p|prov)
-  f|<word>        the instruction's first word, and f2|<w1> <w2> its first two (the opening
-                  phrase: "how many", "show that"; bigrams further in weighed too little in
-                  cross-validation for what they cost)
-  z|<chars>       CJK character 1- and 2-grams of the first 32 CJK characters (Chinese has no
-                  spaces to split words by)
+Every occurrence of a feature counts (a word twice, its weight twice); the scorer sums their
+weights. The instruction is read normalised (NFKC: full-width letters, digits and punctuation
+as their ordinary forms; lower-cased; every number as "0"), in any script:
+  w|<word>        words of the instruction (letters of any script but the ones written
+                  without spaces; the first 40 tokens)
+  g|<chars>       character 3-grams of each of those words of 4 letters or more, a space
+                  before and after it included ("beweis", "beweise", "beweisen" share g| be,
+                  g|bew, g|ewe, ...: they carry across inflections and languages that share
+                  roots, where a word list would not); `word_grams`. The scorer weighs a word
+                  and its 3-grams together, once per distinct word it has seen
+  f|<word>        the instruction's first word, and f2|<w1> <w2> its first two
+  z|<chars>       1- and 2-grams of the first 32 characters of the scripts written without
+                  spaces (Chinese, Japanese kana, Korean syllables)
   y|<symbol>      maths and code symbols (= + * / ^ < > % ≤ ≥ √ ∑ ∫ π)
-  s|...           structure: the client (s|client=cline), the turn kind (s|turn=new), earlier
-                  user turns (s|earlier=0..3), each material kind (s|mat=log), the material's
-                  size and the instruction's length as log2 buckets (s|matsize=k, s|len=k), how
-                  many numbers it holds (s|nums=0..3), a question mark (s|q), no instruction
-                  at all (s|empty)
+  s|...           structure, in no language's words: the client (s|client=cline), the turn kind
+                  (s|turn=new), earlier user turns (s|earlier=0..3), each material kind
+                  (s|mat=log, s|mat=prose), the material's size and the instruction's length
+                  as log2 buckets (s|matsize=k, s|len=k), the script the words are in
+                  (s|script=latin|cyrillic|han|kana|hangul|other), how many numbers
+                  (s|nums=0..5), numbers followed by a word (quantities: "5 hours", "3 个",
+                  s|qty=0..3), sentence stops (s|stops=0..4), a question mark (s|q) and a
+                  question at the end (s|qend), laughter (s|laugh: "lol", 哈哈, ㅋㅋ, 😂), list
+                  items (s|items), no instruction at all (s|empty)
+  x|<m>|<f>       the material's class (prose, tech, none: `material_class`) with the first
+                  word, the length bucket and a question mark: "translate"
+                  over prose is not "translate" over code, a question about code is not one
+                  about a notice
 The trainer (`train.py`) hashes these strings into buckets (the hashing trick); the shipped
 weights map each string seen in training to its bucket's weight, so an unseen string weighs 0.
 """
@@ -22,34 +34,61 @@ weights map each string seen in training to its bucket's weight, so an unseen st
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from gateway.routing.ask import Ask
 
-# A token: a word ([a-z][a-z'_]*), a number (\d+(?:\.\d+)?), a symbol or a CJK run. Written
-# as its first character, then how each kind goes on: a regex that starts with one character
-# class skips the text between tokens at C speed (4x faster than four alternatives there).
+# Scripts written without spaces between words: CJK ideographs, kana, Hangul syllables.
+_DENSE = "\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff"
+# A token: a number, a maths symbol, a run of dense-script characters, or a word of letters.
+# The first alternative that applies wins; letters exclude digits, "_" and the dense scripts.
 _TOKEN = re.compile(
-    r"[a-z\d=+*/^<>%≤≥√∑∫π\u3400-\u9fff]"
-    r"(?:(?<=[a-z])[a-z'_]*|(?<=\d)\d*(?:\.\d+)?|(?<=[\u3400-\u9fff])[\u3400-\u9fff]*|)"
+    rf"\d+(?:[.,]\d+)*|[=+*/^<>%≤≥√∑∫π]|[{_DENSE}]+|[^\W\d_{_DENSE}][^\W\d_{_DENSE}']*"
 )
 _MAX_TOKENS = 40  # of the instruction (it is clipped to 300 characters already)
-_MAX_CJK = 32  # CJK characters read (the cost per decision is bounded by these two)
-# A character that no token continues across (it may start one), and where it is looked for.
-_NOT_IN_TOKEN = re.compile(r"[^a-z'_.\d\u3400-\u9fff]")
-_HEAD_CHARS = 160
+_MAX_DENSE = 32  # dense-script characters read (the cost per decision is bounded by these)
+_ITEM = re.compile(r"(?m)^\s*(?:[-*•]|\d+[.)]|\(?[a-z]\))\s")
+TECH = frozenset({"code", "log", "trace"})
 
 
 Group = tuple[str, list[str]]  # a prefix ("w|", ...) and the keys after it
 
 
 def features(ask: Ask) -> list[str]:
-    """The features of `ask` as strings (duplicates possible; each counts once)."""
-    return [prefix + key for prefix, keys in groups(ask) for key in keys]
+    """The features of `ask` as strings, each as often as it occurs: `groups`, and after each
+    word its 3-grams."""
+    out: list[str] = []
+    for prefix, keys in groups(ask):
+        for key in keys:
+            out.append(prefix + key)
+            if prefix == "w|":
+                out.extend(["g|" + gram for gram in word_grams(key)])
+    return out
+
+
+def word_grams(word: str) -> list[str]:
+    """The character 3-grams of a word of 4 letters or more, a space before and after it
+    included; none for a shorter word, a number ("0") or a dense-script run ("<cjk>")."""
+    if len(word) < 4 or word[0] == "<":
+        return []
+    padded = f" {word} "
+    return [padded[i : i + 3] for i in range(len(padded) - 2)]
+
+
+def material_class(material: tuple[str, ...]) -> str:
+    """ "tech" when the ask carries code, logs or traces, or configuration without prose; "prose"
+    when it carries prose (mail, minutes, articles, notices: their "Date: 9 May" lines read as
+    configuration); else "none" (context or tool results only)."""
+    if TECH.intersection(material):
+        return "tech"
+    if "prose" in material:
+        return "prose"
+    return "tech" if "config" in material else "none"
 
 
 def groups(ask: Ask) -> list[Group]:
-    """The features of `ask` by prefix, unjoined: what the scorer looks up, one table a prefix,
-    without building a string per feature."""
+    """The features of `ask` by prefix, unjoined, without the words' 3-grams: what the scorer
+    looks up, one table a prefix, without building a string per feature."""
     structure = [
         f"client={ask.client}",
         f"turn={ask.turn}",
@@ -58,40 +97,66 @@ def groups(ask: Ask) -> list[Group]:
     ]
     structure.extend([f"mat={kind}" for kind in ask.material])
     out: list[Group] = [("s|", structure)]
-    text = ask.instruction.lower()
-    if not text:
+    mclass = material_class(ask.material)
+    if not ask.instruction:
         structure.append("empty")
+        out.append(("x|", [f"{mclass}|empty"]))
         return out
-    structure.append(f"len={_log2_bucket(len(text))}")
-    if "?" in text or "？" in text:
+    text = ask.instruction
+    if not text.isascii() and not unicodedata.is_normalized("NFKC", text):
+        text = unicodedata.normalize("NFKC", text)  # the check alone is far cheaper
+    text = text.lower()
+    length = f"len={_log2_bucket(len(text))}"
+    structure.append(length)
+    question = "?" in text
+    if question:
         structure.append("q")
-    words: list[str] = []
+        if text.rstrip().endswith("?"):
+            structure.append("qend")
+    if _LAUGH.search(text) is not None:
+        structure.append("laugh")
+    stops = sum(map(text.count, ".?!。？！"))  # about the sentences (a decimal point aside)
+    structure.append(f"stops={min(stops, 4)}")
+    if "\n" in text and _ITEM.search(text):
+        structure.append("items")
+    words: list[str] = []  # every token, a number as "0", a dense run as "<cjk>"
     symbols: list[str] = []
-    cjk: list[str] = []
-    numbers = 0
-    budget = _MAX_CJK  # CJK characters still to read
-    add_word = words.append
-    for token in _tokens(text):
+    dense: list[str] = []
+    numbers = quantities = 0
+    budget = _MAX_DENSE  # dense-script characters still to read
+    after_number = False
+    for token in _TOKEN.findall(text)[:_MAX_TOKENS]:
         first = token[0]
-        if first < "\u3400":
-            if first.isalpha():
-                add_word(token)
-            elif first.isdigit():
+        if first < "a":  # a number or a symbol: both sort before the letters
+            if "0" <= first <= "9":
                 numbers += 1
-                add_word("0")
-            else:
-                symbols.append(token)
-        else:  # a CJK run
-            add_word("<zh>")
+                words.append("0")
+                after_number = True
+                continue
+            symbols.append(token)
+        elif first in "≤≥√∑∫π":
+            symbols.append(token)
+        elif first >= "\u3040" and _is_dense(first):
+            words.append("<cjk>")
             if budget:
                 run = token[:budget]
                 budget -= len(run)
-                cjk += run
-                cjk += map(str.__add__, run, run[1:])
-    prefixes = [w[:4] for w in words if len(w) >= 5]  # "<zh>" and "0" are shorter
-    structure.append(f"nums={min(numbers, 3)}")
-    out.append(("z|", cjk))
-    out.append(("p|", prefixes))
+                dense += run
+                dense += map(str.__add__, run, run[1:])
+            quantities += after_number
+        else:
+            words.append(token)
+            quantities += after_number
+        after_number = False
+    structure.append(f"nums={min(numbers, 5)}")
+    structure.append(f"qty={min(quantities, 3)}")
+    structure.append(f"script={_script(text, words, dense)}")
+    first_word = words[0] if words else "-"
+    crossed = [f"{mclass}|{first_word}", f"{mclass}|{length}"]
+    if question:
+        crossed.append(f"{mclass}|q")
+    out.append(("x|", crossed))
+    out.append(("z|", dense))
     out.append(("y|", symbols))
     if words:
         out.append(("f|", words[:1]))
@@ -101,15 +166,37 @@ def groups(ask: Ask) -> list[Group]:
     return out
 
 
-def _tokens(text: str) -> list[str]:
-    """The first `_MAX_TOKENS` tokens of `text`. A long text's head is read first, up to a
-    character that no token continues across, and the rest only when the head holds too few."""
-    if len(text) > _HEAD_CHARS and (cut := _NOT_IN_TOKEN.search(text, _HEAD_CHARS)) is not None:
-        tokens = _TOKEN.findall(text, 0, cut.start())
-        if len(tokens) < _MAX_TOKENS:
-            tokens += _TOKEN.findall(text, cut.start())
-        return tokens[:_MAX_TOKENS]
-    return _TOKEN.findall(text)[:_MAX_TOKENS]
+_KANA = re.compile("[\u3040-\u30ff]")
+# Laughter and "just kidding", as people write it in any language: banter, not a task.
+_LAUGH = re.compile(  # one group of literals: the regex engine skips to their first letters
+    r"(?:lol|lmao|haha|hehe|jaja|kkkk|mdr|хаха|哈哈|ㅋㅋ|笑|😂|🤣|😄|🙄|kidding|jk\b)"
+)
+
+
+def _is_dense(char: str) -> bool:
+    return (
+        "\u3040" <= char <= "\u30ff"
+        or "\u3400" <= char <= "\u9fff"
+        or "\uac00" <= char <= "\ud7af"
+        or "\uf900" <= char <= "\ufaff"
+    )
+
+
+def _script(text: str, words: list[str], dense: list[str]) -> str:
+    """The instruction's script (kana anywhere reads as Japanese; else the first dense-script
+    character read, else the first word of letters): what a language's prior can hang on
+    without naming the language."""
+    if dense:
+        if _KANA.search(text) is not None:
+            return "kana"
+        return "hangul" if "\uac00" <= dense[0] <= "\ud7af" else "han"
+    for word in words:
+        char = word[0]
+        if char.isalpha():
+            if char < "\u0250":
+                return "latin"
+            return "cyrillic" if "\u0400" <= char <= "\u04ff" else "other"
+    return "none"
 
 
 def _log2_bucket(n: int) -> int:

@@ -14,6 +14,8 @@ seam (`decide.Decider`) reads the conversation's mode from Redis before calling 
 
 from __future__ import annotations
 
+import re
+
 from gateway.config.routing import RoutingSettings
 from gateway.routing.ask import Ask, ask_of
 from gateway.routing.rules import compile_rules
@@ -67,8 +69,10 @@ class Judge:
         ask: Ask,
         conversation_mode: bool | None,
     ) -> Verdict | None:
+        lower = ask.instruction.lower()
+        found: dict[re.Pattern[str], bool] = {}
         for rule in self.rules:
-            if not rule.matches(request, protocol, prompt_tokens, ask):
+            if not rule.matches(request, protocol, prompt_tokens, ask, lower, found):
                 continue
             if rule.thinking == "keep":
                 if conversation_mode is None:

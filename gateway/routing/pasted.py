@@ -1,19 +1,23 @@
 """Pasted material inside a user's text, found without reading it all: fenced blocks, XML-like
-document blocks, and pasted lines (log lines, stack frames, quoted or e-mail lines, code,
-`key: value` configuration). Of a long text only the lines at its ends are read one by one (an
-ask sits before or after what it carries). `ask.py` keeps what is left as the instruction."""
+document blocks, and pasted lines (log lines, stack frames, quoted lines, code, `key: value`
+configuration, e-mail headers and labelled sentences such as "ACTION: Ana to send the deck").
+Of a long text only the lines at its ends are read one by one (an ask sits before or after what
+it carries), and a few lines of its middle tell prose (mail, minutes, articles, notices) from
+code, logs and configuration. `ask.py` keeps what is left as the instruction."""
 
 from __future__ import annotations
 
 import re
 
 EDGE_LINES = 8  # lines read one by one at each end of a long text
+SAMPLE_LINES = 4  # lines of a long text's middle read to tell prose from code, logs, config
 
 _DOC_BLOCK = re.compile(
-    r"<(document|file|log|logs|email|article|text|code|config|diff|output|source)\b[^>]*>"
-    r".*?(?:</\1>|\Z)",
+    r"<(document|file|log|logs|email|mail|article|text|notes|code|config|diff|output|source)"
+    r"\b[^>]*>.*?(?:</\1>|\Z)",
     re.S,
 )
+_PROSE_BLOCKS = ("<document", "<email", "<mail", "<article", "<text", "<notes")
 
 # Pasted lines, each kind by what follows the line's leading blanks.
 _LOG_HEAD = (
@@ -26,19 +30,29 @@ _TRACE_HEAD = (
     r"\w++(?:\.\w++)*+(?:(?<=Error)|(?<=Exception)): "  # a dotted name ending in Error: ...
 )
 _QUOTE_HEAD = r">|\|"
-_MAIL_HEAD = r"(?i:From|To|Cc|Subject|Date|Sent|发件人|收件人|主题|抄送|日期)\s*[:：]"
+_MAIL_HEAD = (
+    r"(?i:From|To|Cc|Subject|Date|Sent|Von|An|Betreff|De|Para|Objet|Asunto|Assunto|От|Кому|Тема"
+    r"|发件人|收件人|主题|抄送|日期|件名|差出人|宛先|보낸 사람|받는 사람|제목)\s*[:：]"
+)
 _LINE_HEAD = re.compile(  # trace, log, quote and mail lines: one match
-    rf"\s*+(?:(?P<trace>{_TRACE_HEAD})|(?P<log>{_LOG_HEAD})|(?P<quote>{_QUOTE_HEAD}|{_MAIL_HEAD}))"
+    rf"\s*+(?:(?P<trace>{_TRACE_HEAD})|(?P<log>{_LOG_HEAD})|(?P<quote>{_QUOTE_HEAD})"
+    rf"|(?P<prose>{_MAIL_HEAD}))"
 )
 _LOG_LINE = re.compile(rf"\s*+(?:{_LOG_HEAD})")
+# `key: value`, or a key alone ("server:"; a few words and a colon alone are a lead-in:
+# "Check my proof:").
 _CONFIG_LINE = re.compile(
-    r"^\s*+(?:- )?[\w.\-\"']{1,30}(?: [\w.\-]{1,20}){0,2}\s*(?:[:=]\s*\S|[:=]\s*$)"
+    r"^\s*+(?:- )?[\w.\-\"']{1,30}(?:(?: [\w.\-]{1,20}){0,2}\s*[:=]\s*\S|\s*[:=]\s*$)"
 )
 # A code line: indented, or ending in ; { or } (checked on the line's end, not by a regex), or
 # led by a keyword; and not ending like a sentence.
 _CODE_START = re.compile(r"\s*+(?:def |class |import |from \S+ import |#include|//)")
 _CODE_END, _SENTENCE_END = ";{}", ".?!。？！"
 _CJK = re.compile(r"[\u3400-\u9fff]")
+_DENSE = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")  # CJK, kana, Hangul
+# The value of a `key: value` line that is a sentence, not a setting ("ACTION: Ana to send the
+# deck by Friday"): several words.
+_SENTENCE_VALUE = re.compile(r"[:=]\s*+(?:[^\W\d_][^\s=/{}\[\]\"]*\s+){3}")
 
 
 def remove_fences(text: str) -> tuple[str, str]:
@@ -77,6 +91,21 @@ def code_kind(code: str) -> str:
     return "log" if _LOG_LINE.match(code) else "code"
 
 
+def document_kind(block: str) -> str:
+    """A document block's kind: "prose" for a document, mail, article, text or notes block,
+    else "document" (code, configuration, diffs, output by their tag)."""
+    return "prose" if block.startswith(_PROSE_BLOCKS) else "document"
+
+
+def is_prose_line(line: str) -> bool:
+    """A line of sentences: not pasted (`pasted_kind`), and words between spaces or a run of
+    CJK text."""
+    stripped = line.strip()
+    if len(stripped) < 16:
+        return False
+    return stripped.count(" ") >= 3 or _DENSE.search(stripped[:4]) is not None
+
+
 def split_lines(body: str, kinds: set[str]) -> tuple[list[str], int]:
     """The prose lines (blank lines kept as paragraph breaks) and the pasted lines' size. Of a
     text of many lines only the first and last `EDGE_LINES` are read line by line (an ask
@@ -90,6 +119,8 @@ def split_lines(body: str, kinds: set[str]) -> tuple[list[str], int]:
         *head, rest = body.split("\n", EDGE_LINES)
         middle, *tail = rest.rsplit("\n", EDGE_LINES)
         kinds.add("document")
+        if _prose_middle(middle):
+            kinds.add("prose")
         lines = [*head, "", *tail]
         pasted = len(middle) + 1  # its lines and their line ends
     num_lines = newlines + 1
@@ -102,6 +133,18 @@ def split_lines(body: str, kinds: set[str]) -> tuple[list[str], int]:
             kinds.add(kind)
             pasted += len(line) + 1
     return prose, pasted
+
+
+def _prose_middle(middle: str) -> bool:
+    """Whether the first `SAMPLE_LINES` non-blank lines of a long text's middle are mostly
+    prose (read one by one; the rest is not read)."""
+    sample = [line for line in middle[:2000].split("\n", 3 * SAMPLE_LINES) if line.strip()]
+    sample = sample[:SAMPLE_LINES]
+    prose = 0
+    for line in sample:
+        kind = pasted_kind(line, SAMPLE_LINES)
+        prose += kind == "prose" or (kind is None and is_prose_line(line))
+    return 2 * prose > len(sample)
 
 
 def pasted_kind(line: str, num_lines: int) -> str | None:
@@ -123,5 +166,5 @@ def pasted_kind(line: str, num_lines: int) -> str | None:
         and _CONFIG_LINE.match(line)
         and not _CJK.search(line[:8])
     ):
-        return "config"
+        return "prose" if _SENTENCE_VALUE.search(line) else "config"
     return None

@@ -1,12 +1,14 @@
 """The learned scorer: a logistic model over the ask's features (`features.py`).
 
-score = sigmoid(bias + sum of the weights of the distinct features present), in (0, 1), the
-features looked up by prefix (`features.groups`); thinking goes on
-at the threshold and above. Weights, bias and threshold are read once, at start, from a gzipped
-JSON file: `{"format": 1, "bias": float, "threshold": float, "weights": {feature: weight},
-"trained": {...}}`. The shipped file (`ask_weights.json.gz`, beside this module) is written by
-`python -m gateway.routing.train` from testkit/routing_eval/train.jsonl; settings may name
-another file and override the threshold.
+score = sigmoid(bias + sum of the weights of the features, each as often as it occurs), in
+(0, 1), the features looked up by prefix (`features.groups`), a word together with its 3-grams:
+their summed weight is kept per distinct word (at most `WORD_CACHE` words, then forgotten all at
+once), so a word seen before costs one lookup. Thinking goes on at the threshold and above.
+Weights, bias and threshold are read once, at start, from a gzipped JSON file: `{"format": 2,
+"bias": float, "threshold": float, "weights": {feature: weight}, "trained": {...}}`. The shipped
+file (`ask_weights.json.gz`, beside this module) is written by `python -m gateway.routing.train`
+from testkit/routing_eval/train.jsonl; settings may name another file and override the
+threshold.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from typing import Any
 
 from gateway.config.routing import ScorerSettings
 from gateway.routing.ask import Ask
-from gateway.routing.features import groups
+from gateway.routing.features import groups, word_grams
 
 SHIPPED = Path(__file__).with_name("ask_weights.json.gz")
-FORMAT = 1
+FORMAT = 2  # 2: every occurrence of a feature counts, words with their 3-grams
+WORD_CACHE = 65_536  # distinct words whose weight (with their 3-grams') is kept
 
 
 class Scorer:
@@ -39,18 +42,36 @@ class Scorer:
             self._tables.setdefault(prefix + "|", {})[key] = weight
         threshold = settings.threshold
         self.threshold: float = model["threshold"] if threshold is None else threshold
+        self._word_table = self._tables.get("w|", {})
+        self._gram_table = self._tables.get("g|", {})
+        self._words: dict[str, float] = {}  # word -> its weight and its 3-grams'
 
     def score(self, ask: Ask) -> float:
         z = self.bias
         tables = self._tables
         for prefix, keys in groups(ask):
+            if prefix == "w|":
+                known = self._words.get
+                for word in keys:
+                    weight = known(word)
+                    z += self._word_weight(word) if weight is None else weight
+                continue
             table = tables.get(prefix)
             if table is not None and keys:
-                present = set(keys)
-                z += sum(map(table.get, present, repeat(0.0, len(present))))
+                z += sum(map(table.get, keys, repeat(0.0, len(keys))))
         if z < -40:  # exp overflow guard; the score is 0 to double precision anyway
             return 0.0
         return 1.0 / (1.0 + math.exp(-z))
+
+    def _word_weight(self, word: str) -> float:
+        grams = self._gram_table.get
+        weight = self._word_table.get(word, 0.0) + sum(
+            [grams(gram, 0.0) for gram in word_grams(word)]
+        )
+        if len(self._words) >= WORD_CACHE:
+            self._words.clear()
+        self._words[word] = weight
+        return weight
 
     def thinks(self, score: float) -> bool:
         return score >= self.threshold

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import zlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,16 +74,17 @@ def bucket(feature: str) -> int:
 class Design:
     """The training rows as sparse bucket indices: row `rows[k]` has bucket `cols[k]`."""
 
-    def __init__(self, feature_sets: list[set[str]]) -> None:
+    def __init__(self, feature_lists: Sequence[Collection[str]]) -> None:
+        """A feature occurring k times in a row is k entries of its bucket (its count)."""
         rows: list[int] = []
         cols: list[int] = []
-        for r, fs in enumerate(feature_sets):
-            buckets = sorted({bucket(f) for f in fs})
+        for r, fs in enumerate(feature_lists):
+            buckets = [bucket(f) for f in fs]
             rows.extend([r] * len(buckets))
             cols.extend(buckets)
         self.rows = np.array(rows, dtype=np.int64)
         self.cols = np.array(cols, dtype=np.int64)
-        self.n = len(feature_sets)
+        self.n = len(feature_lists)
 
     def subset(self, index: np.ndarray) -> Design:
         keep = np.isin(self.rows, index)
@@ -167,12 +168,12 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--l2", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4, 1e-3])
-    parser.add_argument("--max-fast-on", type=float, default=0.08)
+    parser.add_argument("--max-fast-on", type=float, default=0.06)
     parser.add_argument("--keep", type=int, default=40_000)
     args = parser.parse_args()
 
     items = read_items(args.train, ["train"])
-    feature_sets = [set(features(scored_ask(request_of(i["messages"])))) for i in items]
+    feature_sets = [features(scored_ask(request_of(i["messages"]))) for i in items]
     y = np.array([i["label"] == "think" for i in items], dtype=float)
     x = Design(feature_sets)
     groups = [group_of(i["messages"]) for i in items]
@@ -186,7 +187,7 @@ def main() -> None:
     w, b = fit(x, y, l2)
 
     tune = read_items(args.tune, ["tune"]) if args.tune.exists() else []
-    tune_sets = [set(features(scored_ask(request_of(i["messages"])))) for i in tune]
+    tune_sets = [features(scored_ask(request_of(i["messages"]))) for i in tune]
     tune_scores = 1 / (1 + np.exp(-Design(tune_sets).margins(w, b))) if tune else np.zeros(0)
     tune_y = np.array([i["label"] == "think" for i in tune], dtype=float)
     scores = np.concatenate([oof[l2], tune_scores])

@@ -5,9 +5,9 @@ benchmarks/routing.py).
 `train.jsonl` (split "train": the learned scorer is fitted on it) and `eval.jsonl` (split
 "tune": the threshold may be chosen on it; "heldout": agreement is reported on it, never used
 for fitting or choosing), written from the rubric by people other than the scorer's author.
-One object a line: id, lang (en | zh | mixed), label (think | fast, for the LAST turn),
-category, adversarial, client (plain | cline | claude-code | codex | sdk), messages (the chat
-messages as the client sends them), note, split.
+One object a line: id, lang (en, zh, ja, ko, de, fr, es, pt, ru or mixed), label (think | fast,
+for the LAST turn), category, adversarial, client (plain | cline | claude-code | codex | sdk),
+messages (the chat messages as the client sends them), note, split.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ async def test_an_auto_model_decides_per_request_on_chat(routed: Routed) -> None
     assert route["thinking"] == "off" and float(route["score"]) < 0.5
     assert routed.sent_thinking() == {"type": "disabled"}
     _, route = await chat(client, "auto-model", "Prove that there are infinitely many primes.")
-    assert route == {**route, "thinking": "on", "reason": "rule:proof-request@1"}
+    assert route == {**route, "thinking": "on", "reason": "rule:proof-request@2"}
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/responses"])

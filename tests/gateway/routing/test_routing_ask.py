@@ -203,3 +203,87 @@ def test_fenced_blocks_are_material_however_they_end() -> None:
     for text, (instruction, material) in cases.items():
         ask = ask_of(request(Message("user", text)))
         assert (ask.instruction, ask.material) == (instruction, material), text
+
+
+MINUTES = (
+    "Here are the notes from Tuesday's sync:\n\n"
+    "Attendees: Ana, Bo, Chen, Dita\n"
+    "- Release moved to Dec 12 because QA needs two more days on the payment flow.\n"
+    "ACTION: Bo to update the release calendar and tell support.\n"
+    "- Ana raised the flaky login test again; nobody owns it yet.\n"
+    "ACTION: Chen to triage the flaky login test by Thursday.\n\n"
+    "List the action items assigned to Chen."
+)
+MAIL = (
+    "From: Maria Lopez <maria@acme.com>\nTo: team@acme.com\nSubject: Friday\n\n"
+    "Hi all, the office will be closed on Friday for maintenance of the heating system.\n"
+    "Please take your laptops home on Thursday evening.\n\n"
+    "Translate the last line to French."
+)
+
+
+def test_pasted_prose_is_material_of_its_own_kind() -> None:
+    """Minutes, mail and notices are prose material: the ask around them is what is scored."""
+    ask = ask_of(request(Message("user", MINUTES)))
+    assert ask.instruction == (
+        "Here are the notes from Tuesday's sync:\nList the action items assigned to Chen."
+    )
+    assert "prose" in ask.material and "config" not in ask.material
+    ask = ask_of(request(Message("user", MAIL)))
+    assert ask.instruction == "Translate the last line to French." and "prose" in ask.material
+    notice = (
+        "Во сколько сбор?\n\n"
+        "Сбор участников экскурсии в 8:30 у главного входа. Возьмите паспорт и воду."
+    )
+    ask = ask_of(request(Message("user", notice)))
+    assert (ask.instruction, ask.material) == ("Во сколько сбор?", ("prose", "document"))
+
+
+def test_code_and_premises_are_not_prose_material() -> None:
+    ask = ask_of(request(Message("user", f"Why does this deadlock?\n\n{LOG}")))
+    assert "prose" not in ask.material
+    fenced = "Warum zählt das eins zu wenig?\n```python\nv = cache.get('v') or 0\n```"
+    assert ask_of(request(Message("user", fenced))).material == ("code",)
+    # a premise, then its question: one ask, nothing pasted
+    puzzle = (
+        "There are five houses in a row, each a different colour. The Brit lives in the red one."
+        "\n\nWho owns the fish?"
+    )
+    ask = ask_of(request(Message("user", puzzle)))
+    assert (ask.material, ask.instruction.endswith("Who owns the fish?")) == ((), True)
+    # a few words and a colon alone are a lead-in, not a configuration key
+    check = "Check my proof:\n\nClaim: n^2 + n is even. Proof: n^2 + n = n(n + 1), ... QED"
+    ask = ask_of(request(Message("user", check)))
+    assert ask.instruction == "Check my proof:"
+
+
+def test_a_titled_document_pasted_before_the_ask_is_prose_material() -> None:
+    notice = (
+        "[공지] 사내 식당 운영 시간 변경\n"
+        "12월 1일부터 사내 식당 운영 시간이 아래와 같이 변경됩니다.\n"
+        "점심 11:30~13:30, 저녁 17:30~19:00\n"
+        "메뉴 관련 건의는 총무팀 내선 3021로 연락 바랍니다.\n"
+        "금요일 저녁에 식당 열어?"
+    )
+    ask = ask_of(request(Message("user", notice)))
+    assert ask.instruction == "금요일 저녁에 식당 열어?" and "prose" in ask.material
+    # a first line that is no title leaves the lines one ask
+    lines = "Quick question\nThere are 5 boxes.\nEach label lies.\nHow many ways?"
+    assert ask_of(request(Message("user", lines))).instruction == lines
+
+
+def test_continuing_turns_are_recognised_in_every_language() -> None:
+    hard = Message("user", "Wie viele Wege gibt es, 10 Bonbons auf 4 Kinder zu verteilen?")
+    answer = Message("assistant", "84")
+    for text in (
+        "Weiter bitte",
+        "continua",
+        "¡Sigue!",
+        "Continuez",
+        "続けて",
+        "계속해 줘",
+        "продолжай",
+    ):
+        assert turn_of(request(hard, answer, Message("user", text))) == "continue", text
+    for text in ("Warum?", "continua a explicar a segunda parte com um exemplo"):
+        assert turn_of(request(hard, answer, Message("user", text))) == "new", text

@@ -87,7 +87,7 @@ async def test_a_first_turn_is_decided_without_waiting_for_its_write() -> None:
     chat = ChatRequest(model="m", messages=FIRST)
     inp = RoutingInput(chat, "chat", "m", ROUTES, "auto", KeyPolicy(), "k", 10)
     decision = await asyncio.wait_for(decider.decide(inp), 10)  # no Redis reply can arrive
-    assert (decision.thinking, decision.reason) == (True, "rule:proof-request@1")
+    assert (decision.thinking, decision.reason) == (True, "rule:proof-request@2")
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert redis.calls == ["set x1"] and not redis.store  # sent, not yet answered
@@ -189,7 +189,7 @@ async def test_the_judges_ask_is_read_off_the_loop_with_the_prompt() -> None:
     assert prepared.prepared is not None
     assert provider.threads and provider.threads[-1] != threading.get_ident()
     assert judge.asks == [ask_of(chat)]
-    assert (decision.thinking, decision.reason) == (True, "rule:proof-request@1")
+    assert (decision.thinking, decision.reason) == (True, "rule:proof-request@2")
     provider.threads.clear()
     await planner.plan(principal, ChatRequest(model="fixed", messages=FIRST), "chat")
     assert provider.threads == [] and judge.asks == [ask_of(chat)]  # prepared, not judged
