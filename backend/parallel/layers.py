@@ -30,8 +30,9 @@ from backend.parallel.layout import Layout
 
 
 def local_heads_config(config: ModelConfig, layout: Layout) -> ModelConfig:
-    """``config`` with this rank's share of the attention heads."""
-    heads = config.mla.num_heads // layout.world
+    """``config`` with this rank's share of the attention heads (all of them with
+    data-parallel attention)."""
+    heads = config.mla.num_heads // (1 if layout.data_parallel_attention else layout.world)
     return dataclasses.replace(config, mla=dataclasses.replace(config.mla, num_heads=heads))
 
 

@@ -29,6 +29,7 @@ from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.config import ModelConfig
 from backend.model.layers import Linear
 from backend.model.model import DecoderLayer, DeepseekV3ForCausalLM, MTPLayer
+from backend.parallel.dp_attention import AttentionShares, DataParallelMLA
 from backend.parallel.group import RankFailure, RankGroup
 from backend.parallel.layers import (
     ParallelMLA,
@@ -74,9 +75,16 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
         self.vocab_rows = stop - start  # real rows of the local share (the rest is padding)
         self.lm_head = Linear(dim, share, bias=False, dtype=dtype)
         heads = local_heads_config(config, layout)
+        self.attention_shares: AttentionShares | None = None
+        if layout.data_parallel_attention:
+            self.attention_shares = AttentionShares(layout.rank, layout.world)
+            self.attention_ranks = layout.world
         for index, layer in enumerate(self.model.layers):
             assert isinstance(layer, DecoderLayer)
-            layer.self_attn = ParallelMLA(heads, dtype, group)
+            if self.attention_shares is not None:
+                layer.self_attn = DataParallelMLA(config, dtype, group, self.attention_shares)
+            else:
+                layer.self_attn = ParallelMLA(heads, dtype, group)
             if config.is_moe_layer(index):
                 layer.mlp = ParallelMoE(config, dtype, group, layout)
             else:
@@ -87,6 +95,13 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
                 head.weight = nn.Parameter(torch.empty(0, dim, dtype=dtype))
                 head.out_features = 0
                 layer.shared_head.head = head
+
+    def set_attention_pools(self, blocks_per_rank: int) -> None:
+        """With data-parallel attention: each rank's pool holds ``blocks_per_rank`` blocks,
+        rank r's numbered from r x ``blocks_per_rank`` (the stride of rank 0's pools)."""
+        if self.attention_shares is not None:
+            self.attention_shares.stride = blocks_per_rank
+            self.attention_pool_stride = blocks_per_rank
 
     # Rank 0 sends each call to the workers first.
 
