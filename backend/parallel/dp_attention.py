@@ -21,6 +21,7 @@ from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.config import ModelConfig
 from backend.model.mla import MLA
 from backend.parallel.group import RankGroup
+from backend.parallel.layers import latent_bytes
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class DataParallelMLA(MLA):
         super().__init__(config, dtype)
         self.group = group
         self.shares = shares
+        self.latent_bytes_read = 0  # cached latents this rank's attention read (benchmarks)
 
     def forward(
         self,
@@ -113,6 +115,7 @@ class DataParallelMLA(MLA):
         share = self.shares.share(batch, cache.block_size)
         out = torch.zeros_like(x)
         if share.batch is not None:
+            self.latent_bytes_read += latent_bytes(share.batch, cache)
             rows = share.rows
             local = super().forward(
                 x.index_select(0, rows),

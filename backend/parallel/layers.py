@@ -59,6 +59,7 @@ class ParallelMLA(MLA):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, group: RankGroup) -> None:
         super().__init__(config, dtype)
         self.group = group
+        self.latent_bytes_read = 0  # cached latents this rank's attention read (benchmarks)
 
     def forward(
         self,
@@ -69,7 +70,14 @@ class ParallelMLA(MLA):
         cache: PagedLatentCache,
         cache_layer: int,
     ) -> Tensor:
+        self.latent_bytes_read += latent_bytes(batch, cache)
         return self.group.all_reduce(super().forward(x, cos, sin, batch, cache, cache_layer))
+
+
+def latent_bytes(batch: ForwardBatch, cache: PagedLatentCache) -> int:
+    """Bytes of cached latents one layer's attention reads for ``batch``: every sequence's
+    context, one latent row per token."""
+    return sum(batch.context_lens) * cache.latent_dim * cache.kv.element_size()
 
 
 class ParallelSwiGLU(SwiGLU):

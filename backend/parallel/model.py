@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -42,7 +43,8 @@ from backend.parallel.layout import Layout
 
 logger = logging.getLogger(__name__)
 
-FORWARD, LOGITS, MTP, SHUTDOWN, STEP, MTP_NEXT = 1, 2, 3, 4, 5, 6
+FORWARD, LOGITS, MTP, SHUTDOWN, STEP, MTP_NEXT, COUNTERS = 1, 2, 3, 4, 5, 6, 7
+_T = TypeVar("_T")
 _LAST_HIDDEN = -1  # hidden rows header: the MTP input is the last forward's output
 
 
@@ -154,6 +156,21 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
             lambda: DeepseekV3ForCausalLM.mtp_forward(self, batch, cache, previous_hidden)
         )
 
+    @torch.inference_mode()
+    def rank_counters(self) -> list[RankCounters]:
+        """Every rank's counters so far, at rank 0 (one command and one all-reduce; workers
+        answer it in ``serve``)."""
+        self._send(COUNTERS, None, None)
+        return self._guard(self._all_counters)
+
+    def _all_counters(self) -> list[RankCounters]:
+        group = self.group
+        read = sum(getattr(layer.self_attn, "latent_bytes_read", 0) for layer in self.model.layers)
+        table = torch.zeros(group.world, 3, dtype=torch.float64)
+        table[group.rank] = torch.tensor([group.bytes_sent, group.seconds, read])
+        group.all_reduce(table)
+        return [RankCounters(r, int(b), s, int(a)) for r, (b, s, a) in enumerate(table.tolist())]
+
     def close(self) -> None:
         """Rank 0: tell the workers to exit, then drop the group (best effort: a failed
         group is dropped all the same)."""
@@ -166,7 +183,7 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
         if self.on_close is not None:
             self.on_close()
 
-    def _guard(self, call: Callable[[], Tensor]) -> Tensor:
+    def _guard(self, call: Callable[[], _T]) -> _T:
         try:
             return call()
         except RankFailure as exc:
@@ -234,6 +251,8 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
             if kind == STEP and plan is not None and 0 <= rows < plan_len:
                 out = self._forward(decode_plan(plan[: plan_len - rows], device), cache)
                 self._gather_logits(out.index_select(0, plan[plan_len - rows :].to(device)))
+            elif kind == COUNTERS:
+                self._all_counters()
             elif (
                 kind == MTP_NEXT
                 and plan is not None
@@ -262,6 +281,17 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
             self.mtp_forward(decode_plan(plan, self.device), cache, hidden)
         else:
             raise RankFailure(f"rank {self.group.rank}: malformed command {header.tolist()}")
+
+
+@dataclass(frozen=True)
+class RankCounters:
+    """What rank ``rank`` did so far: payload bytes it put into collectives, seconds inside
+    them, and bytes of cached latents its attention read."""
+
+    rank: int
+    bytes_sent: int
+    collective_seconds: float
+    latent_bytes_read: int
 
 
 def encode_plan(batch: ForwardBatch) -> Tensor:

@@ -150,9 +150,17 @@ def test_bytes_sent_per_decode_step_match_the_analytic_count(dp2: ShardedCausalL
     tables = [[0, 1], [stride + 2, stride + 3]]  # one sequence on each rank
     dp2(ForwardBatch.build(prompts, [0, 0], tables, 16), cache)
     before = dp2.group.bytes_sent
+    counted = dp2.rank_counters()
+    start = dp2.group.bytes_sent
     decode = ForwardBatch.build([[13], [14]], [5, 5], tables, 16)
     dp2.forward_with_logits(decode, cache, decode.last_token_indices())
-    sent = dp2.group.bytes_sent - before
+    sent = dp2.group.bytes_sent - start
+    # each rank's attention read its one sequence's 6 latent rows per decoder layer, fp32
+    per_rank = 6 * config.latent_dim * 4 * config.num_hidden_layers
+    after = dp2.rank_counters()
+    read = [a.latent_bytes_read - b.latent_bytes_read for a, b in zip(after, counted, strict=True)]
+    assert read == [per_rank, per_rank]
+    assert before <= counted[0].bytes_sent
     expected = decode_step_bytes(
         config, 2, expert_parallel=False, num_seqs=2, dtype=torch.float32, context_len=6,
         block_size=3,  # two blocks per table, as given
