@@ -2,7 +2,8 @@
 and tokens/s at 1, 2 and 4 ranks; each rank's bytes per decode step against the analytic count
 from the model's shapes (what it puts into collectives, ``backend.parallel.sizing``
 ``decode_step_bytes``; the cached latents its attention reads, ``attention_read_bytes``); the
-share of a step rank 0 spends inside collectives; and what uneven shares cost.
+share of a step rank 0 spends inside collectives; each rank's attention time and time inside
+collectives per step; and what uneven shares cost.
 
     python -m benchmarks.parallel [--preset small|tiny] [--ranks 1,2,4] [--batch 4]
                                   [--steps 16] [--prompt-tokens 64] [--expert-parallel]
@@ -159,6 +160,8 @@ def _rank_row(
     ).latents  # fmt: skip
     return {
         "rank": before.rank,
+        "attn_ms": (after.attention_seconds - before.attention_seconds) / steps * 1e3,
+        "wait_ms": (after.collective_seconds - before.collective_seconds) / steps * 1e3,
         "sent": (after.bytes_sent - before.bytes_sent) / steps,
         "sent_analytic": sent.total,
         "latents": (after.latent_bytes_read - before.latent_bytes_read) / steps,
@@ -186,8 +189,8 @@ def main() -> None:
     )
     print(
         f"{'layout':>9} {'ranks':>5} {'step ms':>8} {'tokens/s':>9} {'comm':>5}  "
-        f"{'rank':>4} {'collectives B':>14} {'analytic':>10} {'ratio':>6} "
-        f"{'latents read B':>15} {'analytic':>10} {'ratio':>6}"
+        f"{'rank':>4} {'attn ms':>7} {'coll ms':>7} {'collectives B':>14} {'analytic':>10} "
+        f"{'ratio':>6} {'latents read B':>15} {'analytic':>10} {'ratio':>6}"
     )
     for ranks in (int(r) for r in args.ranks.split(",")):
         modes = ["tp"] if ranks == 1 else args.modes.split(",")
@@ -203,7 +206,8 @@ def main() -> None:
             print(head)
             for each in row["per_rank"]:
                 print(
-                    f"{'':>41}{each['rank']:>4} {each['sent']:>14,.0f} "
+                    f"{'':>41}{each['rank']:>4} {each['attn_ms']:>7.2f} {each['wait_ms']:>7.2f} "
+                    f"{each['sent']:>14,.0f} "
                     f"{each['sent_analytic']:>10,} {_ratio(each['sent'], each['sent_analytic'])} "
                     f"{each['latents']:>15,.0f} {each['latents_analytic']:>10,.0f} "
                     f"{_ratio(each['latents'], each['latents_analytic'])}"

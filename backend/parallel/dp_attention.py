@@ -12,6 +12,7 @@ step computes nothing and still joins the all-reduce (and the MoE exchanges afte
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +103,7 @@ class DataParallelMLA(MLA):
         self.group = group
         self.shares = shares
         self.latent_bytes_read = 0  # cached latents this rank's attention read (benchmarks)
+        self.seconds = 0.0  # wall time of its attention before the all-reduce (benchmarks)
 
     def forward(
         self,
@@ -112,6 +114,7 @@ class DataParallelMLA(MLA):
         cache: PagedLatentCache,
         cache_layer: int,
     ) -> Tensor:  # x: [T, D] (every rank's the same) -> [T, D]
+        started = time.perf_counter()
         share = self.shares.share(batch, cache.block_size)
         out = torch.zeros_like(x)
         if share.batch is not None:
@@ -126,4 +129,5 @@ class DataParallelMLA(MLA):
                 cache_layer,
             )  # [T_r, D]
             out.index_copy_(0, rows, local)
+        self.seconds += time.perf_counter() - started
         return self.group.all_reduce(out)

@@ -12,6 +12,7 @@ so every rank makes the same choice without exchanging it.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,7 @@ class ParallelMLA(MLA):
         super().__init__(config, dtype)
         self.group = group
         self.latent_bytes_read = 0  # cached latents this rank's attention read (benchmarks)
+        self.seconds = 0.0  # wall time of its attention before the all-reduce (benchmarks)
 
     def forward(
         self,
@@ -70,8 +72,11 @@ class ParallelMLA(MLA):
         cache: PagedLatentCache,
         cache_layer: int,
     ) -> Tensor:
+        started = time.perf_counter()
         self.latent_bytes_read += latent_bytes(batch, cache)
-        return self.group.all_reduce(super().forward(x, cos, sin, batch, cache, cache_layer))
+        out = super().forward(x, cos, sin, batch, cache, cache_layer)
+        self.seconds += time.perf_counter() - started
+        return self.group.all_reduce(out)
 
 
 def latent_bytes(batch: ForwardBatch, cache: PagedLatentCache) -> int:

@@ -165,11 +165,15 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
 
     def _all_counters(self) -> list[RankCounters]:
         group = self.group
-        read = sum(getattr(layer.self_attn, "latent_bytes_read", 0) for layer in self.model.layers)
-        table = torch.zeros(group.world, 3, dtype=torch.float64)
-        table[group.rank] = torch.tensor([group.bytes_sent, group.seconds, read])
+        attention = [layer.self_attn for layer in self.model.layers]
+        read = sum(getattr(each, "latent_bytes_read", 0) for each in attention)
+        seconds = sum(getattr(each, "seconds", 0.0) for each in attention)
+        table = torch.zeros(group.world, 4, dtype=torch.float64)
+        table[group.rank] = torch.tensor([group.bytes_sent, group.seconds, read, seconds])
         group.all_reduce(table)
-        return [RankCounters(r, int(b), s, int(a)) for r, (b, s, a) in enumerate(table.tolist())]
+        return [
+            RankCounters(r, int(b), s, int(a), t) for r, (b, s, a, t) in enumerate(table.tolist())
+        ]
 
     def close(self) -> None:
         """Rank 0: tell the workers to exit, then drop the group (best effort: a failed
@@ -286,12 +290,14 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
 @dataclass(frozen=True)
 class RankCounters:
     """What rank ``rank`` did so far: payload bytes it put into collectives, seconds inside
-    them, and bytes of cached latents its attention read."""
+    them (waiting for slower ranks included), bytes of cached latents its attention read and
+    the wall time of its attention layers (host time: on a GPU, the kernels' launch)."""
 
     rank: int
     bytes_sent: int
     collective_seconds: float
     latent_bytes_read: int
+    attention_seconds: float
 
 
 def encode_plan(batch: ForwardBatch) -> Tensor:
