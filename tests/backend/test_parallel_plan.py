@@ -101,6 +101,7 @@ def test_weights_per_rank_sum_to_the_model() -> None:
         ({"tensor_parallel": 2, "parallel_local_ranks": 3}, "parallel_local_ranks"),
         ({"tensor_parallel": 4, "parallel_local_ranks": 2}, "fixed parallel_master_port"),
         ({"parallel_timeout_s": 0}, "must be positive"),
+        ({"data_parallel_attention": True}, "data_parallel_attention needs tensor_parallel"),
     ],
 )
 def test_parallel_settings_are_checked(settings: dict[str, Any], message: str) -> None:
