@@ -7,9 +7,11 @@ token, the activations of one step at the batch token budget, and how many token
 cache fit in what is left of each GPU. Weights are assumed sharded evenly over the GPUs (tensor
 and expert parallelism); MLA's latent is shared by all heads, so under tensor parallelism every
 GPU caches every token's latent and the tokens that fit one GPU are also the node's total.
-Over more than one GPU it also recommends the parallel engine's layout (``backend.parallel``):
-the settings, the weights each GPU holds under it, the latent-cache tokens left per GPU and the
-bytes a GPU sends per decode step. Sizes in decimal GB (10^9 bytes).
+Over more than one GPU it also prints the parallel engine's two layouts (``backend.parallel``),
+tensor-parallel attention and data-parallel attention: the settings, the weights each GPU
+holds, the latent-cache tokens per GPU and per node, the attention bytes the busiest GPU reads
+per decode step and the bytes rank 0 puts into collectives per step. Sizes in decimal GB
+(10^9 bytes).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from backend.engine.engine_config import EngineConfig
 from backend.model.config import ConfigError, ModelConfig
 from backend.model.dtypes import DTYPE_NAMES, torch_dtype
 from backend.model.footprint import WeightBytes, activation_bytes_per_token, weight_bytes
-from backend.parallel.sizing import format_advice, recommend
+from backend.parallel.advice import LayoutAdvice, format_advice, recommend
 
 GB = 1e9
 _DEFAULTS = EngineConfig()
@@ -154,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
     parser.add_argument("--block-size", type=int, default=_DEFAULTS.block_size)
     parser.add_argument("--reserve-gb", type=float, default=4.0, help="CUDA context, NCCL, slack")
+    parser.add_argument(
+        "--context-tokens", type=int, default=32768, help="per sequence, in the decode figures"
+    )
     parser.add_argument("--no-mtp", action="store_true", help="leave the MTP layer out")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -177,26 +182,41 @@ def main(argv: list[str] | None = None) -> int:
         block_size=args.block_size,
         reserve_bytes=int(args.reserve_gb * GB),
     )
-    advice = None
+    layouts: list[LayoutAdvice] = []
     if args.gpus * args.nodes > 1:
-        advice = recommend(
-            config,
-            nodes=args.nodes,
-            gpus_per_node=args.gpus,
-            gpu_memory_bytes=plan.gpu_memory_bytes,
-            other_bytes=plan.activation_bytes + plan.logits_bytes + plan.reserve_bytes,
-            dtype=torch_dtype(args.dtype),
-            fp8_resident=args.fp8_weights == "resident",
-            include_mtp=not args.no_mtp,
-            block_size=args.block_size,
-        )
-    fits = plan.fits and (advice is None or advice.fits)
+        layouts = [
+            recommend(
+                config,
+                nodes=args.nodes,
+                gpus_per_node=args.gpus,
+                gpu_memory_bytes=plan.gpu_memory_bytes,
+                other_bytes=plan.activation_bytes + plan.logits_bytes + plan.reserve_bytes,
+                dtype=torch_dtype(args.dtype),
+                fp8_resident=args.fp8_weights == "resident",
+                include_mtp=not args.no_mtp,
+                block_size=args.block_size,
+                data_parallel_attention=dp,
+                context_len=args.context_tokens,
+            )
+            for dp in (False, True)
+        ]
+    fits = plan.fits and (not layouts or any(advice.fits for advice in layouts))
     if args.json:
-        layout = None if advice is None else {**asdict(advice), "world": advice.world}
-        print(json.dumps({**asdict(plan), "fits": fits, "layout": layout}, indent=2))
+        named = [{**asdict(advice), "world": advice.world} for advice in layouts]
+        print(
+            json.dumps(
+                {
+                    **asdict(plan),
+                    "fits": fits,
+                    "layout": named[0] if named else None,
+                    "dp_layout": named[1] if named else None,
+                },
+                indent=2,
+            )
+        )
     else:
         print(format_plan(plan, args.dtype))
-        if advice is not None:
+        for advice in layouts:
             print(format_advice(advice, config))
     return 0 if fits else 1
 

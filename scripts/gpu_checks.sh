@@ -2,7 +2,8 @@
 # The engine's checks that need a CUDA GPU, in one run, most important first, each under its own
 # time limit so that one that hangs leaves time for the rest:
 #   1. the Triton kernels against their torch references, on the GPU;
-#   2. the parallel engine with CUDA tensors (ranks share the GPU over gloo);
+#   2. the parallel engine with CUDA tensors (ranks share the GPU over gloo), with tensor- and
+#      with data-parallel attention;
 #   3. benchmarks/kernels.py at DeepSeek-V3.1's widths, against the H200's limits;
 #   4. benchmarks/kernel_tiles.py: each kernel's tile sizes swept at those widths;
 #   5. benchmarks/mtp.py in bf16 on the GPU (needs a trained checkpoint: MTP_CHECKPOINT);
@@ -26,7 +27,7 @@ if [[ -n "${SITE_WHEELS:-}" ]]; then
     export PYTHONPATH=/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-steps=${STEPS:-kernel-tests parallel-cuda-tests kernel-benchmark kernel-tiles mtp-benchmark engine-benchmark}
+steps=${STEPS:-kernel-tests parallel-cuda-tests parallel-dp-cuda-tests kernel-benchmark kernel-tiles mtp-benchmark engine-benchmark}
 
 step() {  # step NAME SECONDS COMMAND...: run, log, report the time and the exit status
     local name=$1 limit=$2
@@ -54,6 +55,7 @@ pytest_args=(-c "$ini" --rootdir . --confcutdir tests/backend -p no:cacheprovide
 
 step kernel-tests 240 "$py" -m pytest "${pytest_args[@]}" tests/backend/kernels
 step parallel-cuda-tests 180 "$py" -m pytest "${pytest_args[@]}" tests/backend/test_parallel_cuda.py
+step parallel-dp-cuda-tests 180 "$py" -m pytest "${pytest_args[@]}" tests/backend/test_parallel_dp_cuda.py
 step kernel-benchmark 180 "$py" benchmarks/kernels.py
 step kernel-tiles 300 "$py" benchmarks/kernel_tiles.py --budget-s 200
 if [[ -f "$mtp_checkpoint/config.json" ]]; then

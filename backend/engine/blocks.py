@@ -14,6 +14,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import takewhile
+from typing import Protocol
 
 from backend.engine.block_hash import extend_chain, root_hash
 from backend.engine.request import Request
@@ -22,28 +23,53 @@ from backend.engine.request import Request
 @dataclass(frozen=True, slots=True)
 class BlockStored:
     """A block's content became reusable under `block_hash` = block_hash(parent_hash,
-    token_ids) (`backend.engine.block_hash`), so a listener can check or recompute it."""
+    token_ids) (`backend.engine.block_hash`), so a listener can check or recompute it; `rank`:
+    the attention rank whose pool holds it (0 with one pool)."""
 
     block_hash: bytes
     parent_hash: bytes
     token_ids: tuple[int, ...]
+    rank: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class BlockEvicted:
-    """The content cached under `block_hash` is gone."""
+    """The content cached under `block_hash` is gone (from `rank`'s pool, the node's last)."""
 
     block_hash: bytes
+    rank: int = 0
 
 
 BlockEvent = BlockStored | BlockEvicted
 
 
+class BlockPool(Protocol):
+    """What the scheduler and the engine ask of the block pool: one `BlockManager`, or one
+    per attention rank (`backend.engine.ranked_blocks.RankedBlockManager`)."""
+
+    num_blocks: int
+    block_size: int
+
+    @property
+    def num_free_blocks(self) -> int: ...
+    def cached_prefix_blocks(self, hashes: Sequence[bytes]) -> int: ...
+    def num_cacheable_tokens(self, seq: Request) -> int: ...
+    def can_allocate(self, seq: Request) -> bool: ...
+    def allocate(self, seq: Request) -> int: ...
+    def can_append(self, seq: Request, num_lookahead: int = 0) -> bool: ...
+    def append_slot(self, seq: Request, num_lookahead: int = 0) -> None: ...
+    def release_tail(self, seq: Request) -> None: ...
+    def cache_full_blocks(self, seq: Request) -> None: ...
+    def free(self, seq: Request) -> None: ...
+    def shares_pool(self, seq: Request, other: Request) -> bool: ...
+
+
 class BlockManager:
-    """A fixed pool of `num_blocks` blocks, ids 0..num_blocks-1.
+    """A fixed pool of `num_blocks` blocks, ids first_block..first_block+num_blocks-1.
 
     `hash_seed` (a checkpoint fingerprint) seeds the hash chain. `on_event` hears every
     registration and eviction of cached content, in order (for the Redis prefix index).
+    `first_block` numbers a pool that is one of several (`backend.engine.ranked_blocks`).
     """
 
     def __init__(
@@ -52,8 +78,10 @@ class BlockManager:
         block_size: int,
         hash_seed: bytes,
         on_event: Callable[[BlockEvent], None] | None = None,
+        *,
+        first_block: int = 0,
     ) -> None:
-        if num_blocks <= 0 or block_size <= 0:
+        if num_blocks <= 0 or block_size <= 0 or first_block < 0:
             raise ValueError(
                 f"need num_blocks > 0 and block_size > 0, got {num_blocks}, {block_size}"
             )
@@ -61,10 +89,10 @@ class BlockManager:
         self.block_size = block_size
         self._root = root_hash(hash_seed, block_size)
         self._on_event = on_event
-        self._ref_counts = [0] * num_blocks
-        self._hashes: list[bytes | None] = [None] * num_blocks
+        self._ref_counts = [0] * (first_block + num_blocks)
+        self._hashes: list[bytes | None] = [None] * (first_block + num_blocks)
         self._block_of_hash: dict[bytes, int] = {}
-        self._empty: deque[int] = deque(range(num_blocks))
+        self._empty: deque[int] = deque(range(first_block, first_block + num_blocks))
         # free blocks holding cached content; first = least recently freed = next to evict
         self._cached_free: OrderedDict[int, None] = OrderedDict()
         # per request id: how many leading blocks `cache_full_blocks` has already considered
@@ -99,6 +127,10 @@ class BlockManager:
     def eviction_order(self) -> list[int]:
         """Free blocks holding cached content, next to be evicted first."""
         return list(self._cached_free)
+
+    def shares_pool(self, seq: Request, other: Request) -> bool:
+        """Whether freeing `other`'s blocks can make room for `seq` (one pool: always)."""
+        return True
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -110,6 +110,13 @@ class EngineConfig:
         "With tensor_parallel > 1: each rank holds its share of the routed experts whole and "
         "tokens travel to them (all-to-all), instead of every expert's width being split.",
     )
+    data_parallel_attention: bool = _knob(
+        False,
+        "With tensor_parallel > 1: each rank runs attention (every head) over its own share of "
+        "the sequences, each kept in that rank's own latent pool (a node caches N times the "
+        "tokens), a new sequence placed on the rank holding its longest cached prefix; dense "
+        "MLPs, the vocabulary and the experts split as without it.",
+    )
     parallel_local_ranks: int | None = _knob(
         None,
         "Ranks this node runs (0 .. N-1, rank 0 in the gateway process); the others join from "
@@ -177,6 +184,8 @@ class EngineConfig:
     def _check_parallel(self) -> None:
         if self.tensor_parallel < 1:
             raise ValueError(f"tensor_parallel must be positive, got {self.tensor_parallel}")
+        if self.data_parallel_attention and self.tensor_parallel < 2:
+            raise ValueError("data_parallel_attention needs tensor_parallel >= 2")
         local = self.parallel_local_ranks
         if local is not None and not 1 <= local <= self.tensor_parallel:
             raise ValueError(f"parallel_local_ranks must be in [1, tensor_parallel], got {local}")

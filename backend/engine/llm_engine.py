@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from backend.engine.blocks import BlockEvent, BlockManager
+from backend.engine.blocks import BlockEvent, BlockManager, BlockPool
 from backend.engine.engine_config import EngineConfig, max_model_len, num_cache_blocks
 from backend.engine.interface import EngineStats, PromptTooLong, RequestOutput, TokenLogprobs
+from backend.engine.ranked_blocks import RankedBlockManager
 from backend.engine.request import FinishReason, Request
 from backend.engine.runner import ModelRunner, SpecStepStats
 from backend.engine.sampling_params import SamplingParams
@@ -69,7 +70,16 @@ class LLMEngine:
         self.vocab_size = model.config.vocab_size
         num_blocks = num_cache_blocks(config, model.config, mtp=model.num_mtp_layers > 0)
         self.runner = ModelRunner(model, config, num_blocks)
-        self.block_manager = BlockManager(num_blocks, config.block_size, hash_seed, on_block_event)
+        self.block_manager: BlockPool
+        if model.attention_ranks > 1:  # a pool of num_blocks per attention rank
+            self.block_manager = RankedBlockManager(
+                model.attention_ranks, num_blocks, model.attention_pool_stride,
+                config.block_size, hash_seed, on_block_event,
+            )  # fmt: skip
+        else:
+            self.block_manager = BlockManager(
+                num_blocks, config.block_size, hash_seed, on_block_event
+            )
         self.num_spec_tokens = (
             config.spec_num_tokens if config.spec_enabled and self.runner.can_draft else 0
         )

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from backend.engine.blocks import BlockManager
+from backend.engine.blocks import BlockPool
 from backend.engine.request import FinishReason, Request, RequestStatus
 
 
@@ -85,7 +85,7 @@ class Scheduler:
         self,
         max_num_seqs: int,
         max_batch_tokens: int,
-        block_manager: BlockManager,
+        block_manager: BlockPool,
         chunked_prefill: bool,
         *,
         max_model_len: int,
@@ -172,7 +172,11 @@ class Scheduler:
             slots = len(drafts) + max(0, depth - 1)
             while not self.block_manager.can_append(seq, slots):
                 victim = max(
-                    (s for s in self.running if s.request_id not in picked),
+                    (
+                        s
+                        for s in self.running
+                        if s.request_id not in picked and self.block_manager.shares_pool(seq, s)
+                    ),
                     key=lambda s: s.arrival,
                 )
                 self._preempt(victim)

@@ -85,6 +85,11 @@ class DeepseekV3ForCausalLM(nn.Module):
     Cache layer i belongs to decoder layer i; cache layer num_hidden_layers + k to MTP layer k.
     """
 
+    # Ranks that each attend to a share of the sequences from a latent pool of their own, rank
+    # r's block ids from r x attention_pool_stride (data-parallel attention); 1: one pool.
+    attention_ranks = 1
+    attention_pool_stride = 0
+
     def __init__(
         self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, include_mtp: bool = True
     ) -> None:

@@ -119,7 +119,7 @@ def start_parallel_model(
     if world < 2:
         raise ValueError("the parallel engine needs tensor_parallel >= 2")
     model_config = ModelConfig.from_file(model_dir)
-    Layout(0, world, config.expert_parallel).check(model_config)
+    Layout(0, world, config.expert_parallel, config.data_parallel_attention).check(model_config)
     mtp = model_config.num_nextn_predict_layers > 0
     num_blocks = num_cache_blocks(config, model_config, mtp=mtp)
     backend, device = choose_collectives(
@@ -161,12 +161,13 @@ def start_parallel_model(
         model, report = load_shard(
             model_dir,
             group,
-            Layout(0, world, config.expert_parallel),
+            Layout(0, world, config.expert_parallel, config.data_parallel_attention),
             dtype=config.torch_dtype,
             device=device,
             fp8_weights=config.fp8_weights,
         )
         cluster.reports = collect_reports(group, report)
+        model.set_attention_pools(num_blocks)
     except BaseException as exc:
         if group is not None:
             group.shutdown()

@@ -12,6 +12,7 @@ so every rank makes the same choice without exchanging it.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +31,9 @@ from backend.parallel.layout import Layout
 
 
 def local_heads_config(config: ModelConfig, layout: Layout) -> ModelConfig:
-    """``config`` with this rank's share of the attention heads."""
-    heads = config.mla.num_heads // layout.world
+    """``config`` with this rank's share of the attention heads (all of them with
+    data-parallel attention)."""
+    heads = config.mla.num_heads // (1 if layout.data_parallel_attention else layout.world)
     return dataclasses.replace(config, mla=dataclasses.replace(config.mla, num_heads=heads))
 
 
@@ -58,6 +60,8 @@ class ParallelMLA(MLA):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, group: RankGroup) -> None:
         super().__init__(config, dtype)
         self.group = group
+        self.latent_bytes_read = 0  # cached latents this rank's attention read (benchmarks)
+        self.seconds = 0.0  # wall time of its attention before the all-reduce (benchmarks)
 
     def forward(
         self,
@@ -68,7 +72,17 @@ class ParallelMLA(MLA):
         cache: PagedLatentCache,
         cache_layer: int,
     ) -> Tensor:
-        return self.group.all_reduce(super().forward(x, cos, sin, batch, cache, cache_layer))
+        started = time.perf_counter()
+        self.latent_bytes_read += latent_bytes(batch, cache)
+        out = super().forward(x, cos, sin, batch, cache, cache_layer)
+        self.seconds += time.perf_counter() - started
+        return self.group.all_reduce(out)
+
+
+def latent_bytes(batch: ForwardBatch, cache: PagedLatentCache) -> int:
+    """Bytes of cached latents one layer's attention reads for ``batch``: every sequence's
+    context, one latent row per token."""
+    return sum(batch.context_lens) * cache.latent_dim * cache.kv.element_size()
 
 
 class ParallelSwiGLU(SwiGLU):

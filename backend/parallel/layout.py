@@ -8,6 +8,9 @@ rows, down by columns). The embedding and the output head split the vocabulary b
 ``expert_parallel`` rank r holds routed experts [r E/N, (r + 1) E/N) whole; without it every
 rank holds every expert's intermediate slice. The MTP layer's own head (used only by rank 0's
 drafter) is whole on rank 0 and empty elsewhere. Everything else (norms, the router) is whole.
+
+With ``data_parallel_attention`` every rank holds the attention whole (every head, its bias
+once per rank): each runs it over its own sequences only (``backend.parallel.dp_attention``).
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ class Slice:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """Rank ``rank`` of ``world``; ``expert_parallel`` partitions the routed experts."""
+    """Rank ``rank`` of ``world``; ``expert_parallel`` partitions the routed experts;
+    ``data_parallel_attention`` keeps the attention whole on every rank."""
 
     rank: int
     world: int
     expert_parallel: bool = False
+    data_parallel_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.world < 1 or not 0 <= self.rank < self.world:
@@ -59,7 +64,7 @@ class Layout:
         """Raise ValueError when ``config``'s widths do not split over ``world`` ranks."""
         moe = config.moe
         widths = {
-            "num_attention_heads": config.mla.num_heads,
+            "num_attention_heads": 0 if self.data_parallel_attention else config.mla.num_heads,
             "intermediate_size": config.intermediate_size,
             "moe_intermediate_size": moe.moe_intermediate_size,
         }
@@ -97,6 +102,8 @@ def slice_for(name: str, config: ModelConfig, layout: Layout) -> Slice:
     mla, moe = config.mla, config.moe
     if rest == "shared_head.head.weight":
         return Slice(name) if layout.rank == 0 else Slice(name, 0, 0, 0)
+    if rest.startswith("self_attn.") and layout.data_parallel_attention:
+        return Slice(name)
     heads = layout.even(mla.num_heads)
     if rest in ("self_attn.q_proj.weight", "self_attn.q_b_proj.weight"):
         return _rows(name, heads, mla.qk_head_dim, 0)

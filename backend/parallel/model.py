@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +30,7 @@ from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.config import ModelConfig
 from backend.model.layers import Linear
 from backend.model.model import DecoderLayer, DeepseekV3ForCausalLM, MTPLayer
+from backend.parallel.dp_attention import AttentionShares, DataParallelMLA
 from backend.parallel.group import RankFailure, RankGroup
 from backend.parallel.layers import (
     ParallelMLA,
@@ -41,7 +43,8 @@ from backend.parallel.layout import Layout
 
 logger = logging.getLogger(__name__)
 
-FORWARD, LOGITS, MTP, SHUTDOWN, STEP, MTP_NEXT = 1, 2, 3, 4, 5, 6
+FORWARD, LOGITS, MTP, SHUTDOWN, STEP, MTP_NEXT, COUNTERS = 1, 2, 3, 4, 5, 6, 7
+_T = TypeVar("_T")
 _LAST_HIDDEN = -1  # hidden rows header: the MTP input is the last forward's output
 
 
@@ -74,9 +77,16 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
         self.vocab_rows = stop - start  # real rows of the local share (the rest is padding)
         self.lm_head = Linear(dim, share, bias=False, dtype=dtype)
         heads = local_heads_config(config, layout)
+        self.attention_shares: AttentionShares | None = None
+        if layout.data_parallel_attention:
+            self.attention_shares = AttentionShares(layout.rank, layout.world)
+            self.attention_ranks = layout.world
         for index, layer in enumerate(self.model.layers):
             assert isinstance(layer, DecoderLayer)
-            layer.self_attn = ParallelMLA(heads, dtype, group)
+            if self.attention_shares is not None:
+                layer.self_attn = DataParallelMLA(config, dtype, group, self.attention_shares)
+            else:
+                layer.self_attn = ParallelMLA(heads, dtype, group)
             if config.is_moe_layer(index):
                 layer.mlp = ParallelMoE(config, dtype, group, layout)
             else:
@@ -87,6 +97,13 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
                 head.weight = nn.Parameter(torch.empty(0, dim, dtype=dtype))
                 head.out_features = 0
                 layer.shared_head.head = head
+
+    def set_attention_pools(self, blocks_per_rank: int) -> None:
+        """With data-parallel attention: each rank's pool holds ``blocks_per_rank`` blocks,
+        rank r's numbered from r x ``blocks_per_rank`` (the stride of rank 0's pools)."""
+        if self.attention_shares is not None:
+            self.attention_shares.stride = blocks_per_rank
+            self.attention_pool_stride = blocks_per_rank
 
     # Rank 0 sends each call to the workers first.
 
@@ -139,6 +156,25 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
             lambda: DeepseekV3ForCausalLM.mtp_forward(self, batch, cache, previous_hidden)
         )
 
+    @torch.inference_mode()
+    def rank_counters(self) -> list[RankCounters]:
+        """Every rank's counters so far, at rank 0 (one command and one all-reduce; workers
+        answer it in ``serve``)."""
+        self._send(COUNTERS, None, None)
+        return self._guard(self._all_counters)
+
+    def _all_counters(self) -> list[RankCounters]:
+        group = self.group
+        attention = [layer.self_attn for layer in self.model.layers]
+        read = sum(getattr(each, "latent_bytes_read", 0) for each in attention)
+        seconds = sum(getattr(each, "seconds", 0.0) for each in attention)
+        table = torch.zeros(group.world, 4, dtype=torch.float64)
+        table[group.rank] = torch.tensor([group.bytes_sent, group.seconds, read, seconds])
+        group.all_reduce(table)
+        return [
+            RankCounters(r, int(b), s, int(a), t) for r, (b, s, a, t) in enumerate(table.tolist())
+        ]
+
     def close(self) -> None:
         """Rank 0: tell the workers to exit, then drop the group (best effort: a failed
         group is dropped all the same)."""
@@ -151,7 +187,7 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
         if self.on_close is not None:
             self.on_close()
 
-    def _guard(self, call: Callable[[], Tensor]) -> Tensor:
+    def _guard(self, call: Callable[[], _T]) -> _T:
         try:
             return call()
         except RankFailure as exc:
@@ -219,6 +255,8 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
             if kind == STEP and plan is not None and 0 <= rows < plan_len:
                 out = self._forward(decode_plan(plan[: plan_len - rows], device), cache)
                 self._gather_logits(out.index_select(0, plan[plan_len - rows :].to(device)))
+            elif kind == COUNTERS:
+                self._all_counters()
             elif (
                 kind == MTP_NEXT
                 and plan is not None
@@ -247,6 +285,19 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
             self.mtp_forward(decode_plan(plan, self.device), cache, hidden)
         else:
             raise RankFailure(f"rank {self.group.rank}: malformed command {header.tolist()}")
+
+
+@dataclass(frozen=True)
+class RankCounters:
+    """What rank ``rank`` did so far: payload bytes it put into collectives, seconds inside
+    them (waiting for slower ranks included), bytes of cached latents its attention read and
+    the wall time of its attention layers (host time: on a GPU, the kernels' launch)."""
+
+    rank: int
+    bytes_sent: int
+    collective_seconds: float
+    latent_bytes_read: int
+    attention_seconds: float
 
 
 def encode_plan(batch: ForwardBatch) -> Tensor:

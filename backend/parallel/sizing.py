@@ -35,9 +35,10 @@ _FP32_NAMES = ("e_score_correction_bias",)
 
 def rank_weight_bytes(
     config: ModelConfig, layout: Layout, *, dtype: torch.dtype, fp8_resident: bool = True,
-    include_mtp: bool = True,
+    include_mtp: bool = True, part: str = "",
 ) -> int:  # fmt: skip
-    """Bytes of the weights rank ``layout.rank`` holds."""
+    """Bytes of the weights rank ``layout.rank`` holds (only those whose name contains
+    ``part``, when given)."""
     width = torch.empty((), dtype=dtype).element_size()
     quantized = fp8_resident and config.quantization is not None
     block = config.quantization.weight_block_size if config.quantization else fp8.DEFAULT_BLOCK
@@ -45,6 +46,8 @@ def rank_weight_bytes(
 
     def add(name: str, shape: tuple[int, ...], copies: int) -> None:
         nonlocal total
+        if part not in name:
+            return
         piece = slice_for(name, config, layout)
         rows_cols = list(shape)
         aligned = True
@@ -156,105 +159,29 @@ def decode_step_bytes(
 
 
 @dataclass(frozen=True)
-class LayoutAdvice:
-    """A recommended layout for ``nodes`` x ``gpus_per_node`` GPUs and what it leaves."""
+class AttentionReads:
+    """Bytes one rank reads for attention in one decode step, by kind."""
 
-    nodes: int
-    gpus_per_node: int
-    expert_parallel: bool
-    root_weight_bytes: int  # rank 0 (it also holds the MTP head the drafter reads)
-    worker_weight_bytes: int
-    cache_tokens: int  # per GPU, and the cluster's total: every GPU caches every latent
-    steps: dict[int, StepBytes]  # batch size -> bytes rank 0 sends per decode step
-    fits: bool
+    weights: int
+    latents: int
 
     @property
-    def world(self) -> int:
-        return self.nodes * self.gpus_per_node
+    def total(self) -> int:
+        return self.weights + self.latents
 
 
-def recommend(
-    config: ModelConfig,
-    *,
-    nodes: int,
-    gpus_per_node: int,
-    gpu_memory_bytes: int,
-    other_bytes: int,
-    dtype: torch.dtype,
-    fp8_resident: bool,
-    include_mtp: bool,
-    block_size: int,
-    batches: tuple[int, ...] = (1, 32),
-) -> LayoutAdvice:
-    """Tensor parallel over every GPU, expert parallel when the routed experts split evenly
-    (each expert's GEMMs stay whole and the expert weights, most of DeepSeek's bytes, are not
-    duplicated). ``other_bytes``: activations, logits and reserve per GPU."""
-    world = nodes * gpus_per_node
-    expert_parallel = world > 1 and config.moe.n_routed_experts % world == 0
-    Layout(0, world, expert_parallel).check(config)
-    sizes = [
-        rank_weight_bytes(
-            config, Layout(rank, world, expert_parallel), dtype=dtype,
-            fp8_resident=fp8_resident, include_mtp=include_mtp,
-        )
-        for rank in range(min(world, 2))
-    ]  # fmt: skip
-    per_token = config.cache_bytes_per_token(dtype, include_mtp=include_mtp)
-    left = gpu_memory_bytes - max(sizes) - other_bytes
-    tokens = max(0, left) // per_token // block_size * block_size
-    steps = {
-        batch: decode_step_bytes(
-            config, world, expert_parallel=expert_parallel, num_seqs=batch, dtype=dtype,
-            context_len=1024, block_size=block_size,
-        )
-        for batch in batches
-    }  # fmt: skip
-    return LayoutAdvice(
-        nodes, gpus_per_node, expert_parallel, sizes[0], sizes[-1], tokens, steps,
-        tokens >= block_size,
+def attention_read_bytes(
+    config: ModelConfig, layout: Layout, *, num_seqs: int, context_len: int,
+    dtype: torch.dtype, fp8_resident: bool = True,
+) -> AttentionReads:  # fmt: skip
+    """What the busiest rank reads for attention in a decode step of ``num_seqs`` sequences
+    of ``context_len`` tokens: its attention weights (the decoder layers') and the cached
+    latents of the sequences it attends to, every decoder layer's row of each token (all
+    sequences under tensor parallel, where every rank reads every latent for its heads; its
+    ceil(S / N) under data-parallel attention)."""
+    weights = rank_weight_bytes(
+        config, layout, dtype=dtype, fp8_resident=fp8_resident, include_mtp=False,
+        part=".self_attn.",
     )  # fmt: skip
-
-
-def format_advice(advice: LayoutAdvice, config: ModelConfig) -> str:
-    world, moe = advice.world, config.moe
-    local = (
-        f", parallel_local_ranks = {advice.gpus_per_node} (other nodes: python -m "
-        f"backend.parallel.worker)"
-        if advice.nodes > 1
-        else ""
-    )
-    experts = (
-        f"routed experts: {moe.n_routed_experts // world} of {moe.n_routed_experts} whole per GPU"
-        if advice.expert_parallel
-        else f"routed experts: every expert's 1/{world} width on every GPU"
-    )
-    lines = [
-        f"parallel layout over {advice.nodes} x {advice.gpus_per_node} GPUs: [engine] "
-        f"tensor_parallel = {world}, expert_parallel = {str(advice.expert_parallel).lower()}"
-        + local,
-        f"  attention: {config.mla.num_heads // world} of {config.mla.num_heads} heads per GPU;"
-        " the latent projections and the latent cache whole on every GPU",
-        f"  {experts}; dense MLPs, shared experts and the vocabulary 1/{world} per GPU",
-        f"  weights per GPU: {advice.root_weight_bytes / 1e9:,.1f} GB on rank 0 (with the MTP "
-        f"head the drafter reads), {advice.worker_weight_bytes / 1e9:,.1f} GB on the others",
-        f"  tokens of latent cache per GPU (the whole cluster's: every GPU caches every "
-        f"token): {advice.cache_tokens:,}",
-    ]
-    for batch, step in advice.steps.items():
-        lines.append(
-            f"  bytes rank 0 sends per decode step at batch {batch}: {step.total / 1e6:,.2f} MB"
-            f" (all-reduce {step.all_reduce / 1e6:,.2f}, all-to-all {step.all_to_all / 1e6:,.2f},"
-            f" plan and sampling rows {step.plan / 1e6:,.3f})"
-        )
-    if advice.nodes > 1:
-        share = (world - advice.gpus_per_node) / (world - 1)
-        lines.append(
-            f"  across nodes: {share:.0%} of the all-to-all rows (uniform routing) and the "
-            f"ring all-reduce's {advice.nodes} node-crossing links of {world}"
-        )
-    lines.append(
-        "layout fits"
-        if advice.fits
-        else "layout does NOT fit: the weights leave no block of latent cache on rank 0"
-    )
-    return "\n".join(lines)
+    seqs = -(-num_seqs // layout.world) if layout.data_parallel_attention else num_seqs
+    return AttentionReads(weights, seqs * context_len * config.cache_bytes_per_token(dtype))

@@ -72,7 +72,7 @@ def run(rank: int, world: int, addr: str, port: int, local_rank: int | None = No
         device=device,
     )
     try:
-        layout = Layout(rank, world, config.expert_parallel)
+        layout = Layout(rank, world, config.expert_parallel, config.data_parallel_attention)
         model, report = load_shard(
             setup["model_dir"],
             group,
@@ -82,6 +82,7 @@ def run(rank: int, world: int, addr: str, port: int, local_rank: int | None = No
             fp8_weights=config.fp8_weights,
         )
         collect_reports(group, report)
+        model.set_attention_pools(int(setup["num_blocks"]))
         cache = PagedLatentCache(
             num_layers=model.num_cache_layers,
             num_blocks=int(setup["num_blocks"]),

@@ -1,28 +1,22 @@
 """Where a prompt is cheapest to serve: cached prefix against load. Pure data, no I/O.
 
-cost(n) = uncached prompt tokens on n
-        + waiting_cost_tokens  x requests waiting on n
-        + running_token_weight x tokens held by n's running requests
-        + forward_cost_tokens  when n is not this node
-The lowest cost wins; ties stay on this node, then go to the smallest node id. A node whose free
-blocks cannot hold the uncached part is skipped (this node is the fallback). Cached prefix
-length counts blocks from the prompt's first block on, as the engine reuses them, and never the
-block holding the prompt's last token (the engine always computes that one).
+Each node costs `backend.engine.placement.placement_cost` (the engine scores its attention
+ranks with the same function): its uncached prompt tokens, its waiting requests and running
+tokens, and a forward's cost where it is not this node. The lowest cost wins; ties stay on
+this node, then go to the smallest node id. A node whose free blocks cannot hold the uncached
+part is skipped (this node is the fallback). Cached prefix length counts blocks from the
+prompt's first block on, as the engine reuses them, and never the block holding the prompt's
+last token (the engine always computes that one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from backend.engine.placement import PlacementWeights as Weights
+from backend.engine.placement import cacheable_blocks, placement_cost
 from gateway.cluster.index import HolderLookup, longest_prefixes
 from plumbing.record import record
-
-
-@record
-class Weights:
-    waiting_cost_tokens: float = 512.0
-    running_token_weight: float = 0.02
-    forward_cost_tokens: float = 64.0
 
 
 @record
@@ -48,11 +42,6 @@ class Placement:
         """Fields of the route explanation (`x-gateway-route`)."""
         via = "local" if self.local else "forward"
         return f"node={self.node_id}; prefix={self.cached_blocks}/{self.prompt_blocks}; via={via}"
-
-
-def cacheable_blocks(num_prompt_tokens: int, block_size: int) -> int:
-    """Leading full blocks the engine may take from its cache (not the last token's block)."""
-    return max(0, (num_prompt_tokens - 1) // block_size)
 
 
 class PendingMarks:
@@ -110,11 +99,8 @@ def choose(
         is_self = node == self_id
         if not is_self and load.free_blocks * block_size < uncached:
             continue
-        cost = (
-            uncached
-            + weights.waiting_cost_tokens * load.waiting
-            + weights.running_token_weight * load.running_tokens
-            + (0.0 if is_self else weights.forward_cost_tokens)
+        cost = placement_cost(
+            uncached, load.waiting, load.running_tokens, weights, forwarded=not is_self
         )
         key = (cost, 0 if is_self else 1, node)
         if best is None or key < best:

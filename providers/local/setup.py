@@ -180,6 +180,7 @@ async def load_local_provider(
         max_model_len=engine.max_model_len,
         tensor_parallel=config.tensor_parallel,
         expert_parallel=config.expert_parallel,
+        data_parallel_attention=config.data_parallel_attention,
     )
     try:
         async with AsyncExitStack() as stack:

@@ -1,6 +1,7 @@
-"""A worker rank that dies or hangs mid-stream ends the parallel engine's requests with an
-EngineError within a bounded time (the collectives' timeout, then the diagnosis), the engine
-reports itself down, the log names the rank, and a new engine starts afterwards."""
+"""A worker rank that dies or hangs mid-stream (with or without data-parallel attention) ends
+the parallel engine's requests with an EngineError within a bounded time (the collectives'
+timeout, then the diagnosis), the engine reports itself down, the log names the rank, and a
+new engine starts afterwards."""
 
 from __future__ import annotations
 
@@ -78,6 +79,27 @@ async def test_killed_rank_fails_requests_and_the_engine(
         assert sum(len(o.new_token_ids) for o in got) == 4
     finally:
         await again.stop()
+    assert worker_pids() == {}
+
+
+async def test_killed_rank_ends_a_data_parallel_attention_engine(
+    tiny_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The one sequence lives on rank 0; rank 1, with no sequence, still joins every step's
+    collectives, so its death fails the step all the same."""
+    caplog.set_level(logging.ERROR, logger="backend.parallel.cluster")
+    config = parallel_config(
+        2, parallel_timeout_s=TIMEOUT_S, spec_enabled=False, data_parallel_attention=True
+    )
+    engine = await asyncio.to_thread(AsyncEngine.from_checkpoint, tiny_dir, config)
+    engine.start()
+    try:
+        error, outputs, seconds = await _fail_mid_stream(engine, signal.SIGKILL, TIMEOUT_S)
+        assert outputs >= 3 and seconds < TIMEOUT_S + 30
+        await _wait_down(engine, 30)
+        assert "rank 1 exited" in str(error.__cause__)
+    finally:
+        await engine.stop()
     assert worker_pids() == {}
 
 

@@ -101,6 +101,7 @@ def test_weights_per_rank_sum_to_the_model() -> None:
         ({"tensor_parallel": 2, "parallel_local_ranks": 3}, "parallel_local_ranks"),
         ({"tensor_parallel": 4, "parallel_local_ranks": 2}, "fixed parallel_master_port"),
         ({"parallel_timeout_s": 0}, "must be positive"),
+        ({"data_parallel_attention": True}, "data_parallel_attention needs tensor_parallel"),
     ],
 )
 def test_parallel_settings_are_checked(settings: dict[str, Any], message: str) -> None:
@@ -114,3 +115,34 @@ def test_widths_that_do_not_split_are_refused_before_any_rank_starts(tiny_dir: P
     config = EngineConfig(tensor_parallel=3, device="cpu", cache_memory_bytes=2 << 20)
     with pytest.raises(ValueError, match="num_attention_heads 4 does not split over"):
         start_parallel_model(tiny_dir, config)
+
+
+def test_v31_both_layouts(v31: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Data-parallel attention: N GPUs' cache per node, 1/N of the latents read per GPU per
+    decode step, at the cost of the attention's weights whole on every GPU."""
+    code, h200 = _layout(v31, capsys, "--gpus", "8", "--gpu-memory-gb", "141")
+    tp, dp = h200["layout"], h200["dp_layout"]
+    assert code == 0 and dp["fits"] and dp["data_parallel_attention"]
+    assert not tp["data_parallel_attention"] and tp["cache_tokens_per_node"] == tp["cache_tokens"]
+    assert dp["cache_tokens_per_node"] == 8 * dp["cache_tokens"] > 6 * tp["cache_tokens_per_node"]
+    config = ModelConfig.from_file(v31)
+    mla = config.mla
+    split = 1536 * 128 * 192 + 512 * 128 * 256 + 128 * 128 * 7168  # q_b, kv_b, o: FP8 bytes
+    assert mla.num_heads == 128
+    extra = dp["worker_weight_bytes"] - tp["worker_weight_bytes"]
+    # the 7/8 of those a GPU did not hold, over 61 layers and the MTP layer (+ scale grids)
+    assert 62 * split * 7 / 8 < extra < 1.01 * 62 * split * 7 / 8
+    latent = 32 * 32768 * 61 * 576 * 2  # batch 32, 32K tokens each, bf16
+    tp_reads, dp_reads = tp["attention_reads"]["32"], dp["attention_reads"]["32"]
+    assert tp_reads["latents"] == latent and dp_reads["latents"] == latent // 8
+    assert dp["steps"]["32"] == tp["steps"]["32"]  # the same collectives
+    code, h100 = _layout(v31, capsys, "--gpus", "8", "--gpu-memory-gb", "80")
+    assert code == 1 and not h100["dp_layout"]["fits"]
+    code, two = _layout(v31, capsys, "--gpus", "8", "--nodes", "2", "--gpu-memory-gb", "80")
+    dp16 = two["dp_layout"]
+    assert (
+        dp16["cache_tokens_total"] == 2 * dp16["cache_tokens_per_node"] == 16 * dp16["cache_tokens"]
+    )
+    main(["--model", str(v31), "--gpus", "8", "--gpu-memory-gb", "141"])
+    text = capsys.readouterr().out
+    assert "data_parallel_attention = true" in text and "x 8 = " in text

@@ -9,61 +9,23 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import openai
 import pytest
 
-from tests.support.local_gateway import LocalGateway, open_local_gateway
-from tests.support.parallel import worker_pids
+from tests.support.local_gateway import open_local_gateway
+from tests.support.parallel import USER, answers, client, worker_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="function")]
-
-USER = [{"role": "user", "content": "Tell me about rivers and the sea."}]
-
-
-def client(gateway: LocalGateway) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=gateway.base_url, api_key=gateway.key, max_retries=0)
-
-
-async def _answers(gateway: LocalGateway) -> list[Any]:
-    sdk = client(gateway)
-    plain = await sdk.chat.completions.create(
-        model="deepseek-chat", messages=USER, max_tokens=12, temperature=0
-    )
-    stream = await sdk.chat.completions.create(
-        model="deepseek-reasoner",
-        messages=USER,
-        max_tokens=12,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    text, reasoning, usage = [], [], None
-    async for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage.completion_tokens
-        for choice in chunk.choices:
-            text.append(choice.delta.content or "")
-            reasoning.append(getattr(choice.delta, "reasoning_content", None) or "")
-    message = plain.choices[0].message
-    return [
-        message.content,
-        plain.choices[0].finish_reason,
-        plain.usage.completion_tokens if plain.usage else None,
-        "".join(text),
-        "".join(reasoning),
-        usage,
-    ]
 
 
 async def test_two_ranks_answer_as_one(tiny_checkpoint: Path) -> None:
     async with open_local_gateway(tiny_checkpoint) as one:
-        expected = await _answers(one)
+        expected = await answers(one)
     async with open_local_gateway(tiny_checkpoint, tensor_parallel=2) as two:
         assert len(worker_pids()) == 1
-        assert await _answers(two) == expected
+        assert await answers(two) == expected
         # a dead worker rank: the engine goes down and the next answer is a clean 502
         os.kill(worker_pids()[1], signal.SIGKILL)
         with pytest.raises(openai.APIStatusError) as caught:

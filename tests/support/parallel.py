@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import openai
 import torch
 
 from backend.engine.engine_config import EngineConfig
@@ -22,6 +23,7 @@ from tests.support.engine import (
     run_all,
     tokens_of,
 )
+from tests.support.local_gateway import LocalGateway
 
 
 def parallel_config(world: int, **overrides: Any) -> EngineConfig:
@@ -162,3 +164,42 @@ def assert_logits_close(
     for got, want in zip(ours, theirs, strict=True):
         assert got.device == want.device and got.shape == want.shape
         torch.testing.assert_close(got, want, atol=atol, rtol=0)
+
+
+USER = [{"role": "user", "content": "Tell me about rivers and the sea."}]
+
+
+def client(gateway: LocalGateway) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=gateway.base_url, api_key=gateway.key, max_retries=0)
+
+
+async def answers(gateway: LocalGateway) -> list[Any]:
+    """One chat answer and one streamed reasoning answer, as compared across engines."""
+    sdk = client(gateway)
+    plain = await sdk.chat.completions.create(
+        model="deepseek-chat", messages=USER, max_tokens=12, temperature=0
+    )
+    stream = await sdk.chat.completions.create(
+        model="deepseek-reasoner",
+        messages=USER,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, reasoning, usage = [], [], None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            text.append(choice.delta.content or "")
+            reasoning.append(getattr(choice.delta, "reasoning_content", None) or "")
+    message = plain.choices[0].message
+    return [
+        message.content,
+        plain.choices[0].finish_reason,
+        plain.usage.completion_tokens if plain.usage else None,
+        "".join(text),
+        "".join(reasoning),
+        usage,
+    ]
