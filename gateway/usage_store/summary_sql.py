@@ -189,14 +189,18 @@ _MONTHLY = {
 def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
     """The narrowest rollup that answers a summary over `columns` (grouped or filtered): of its
     grain (hourly for an hourly interval or a range not in whole days), holding those columns,
-    and the latency histograms when the summary reads p50/p95."""
+    and the latency histograms when the summary reads p50/p95; for a page of a summary per
+    period, one stored in period order (whose first page is read from the range's start, not
+    sorted out of all of its rows)."""
     bucket_s = HOUR_S if q.interval == "hour" or not day_aligned else DAY_S
+    by_period = q.interval is not None and q.limit is not None
     for table in _NARROWEST_FIRST:
         shape = ROLLUPS[table]
         if (
             shape.bucket_s == bucket_s
             and columns <= set(shape.dims)
             and (not q.latency or LATENCY[0] in shape.added)
+            and not (by_period and table.primary_key.columns.values()[0].name != "bucket")
         ):
             return table
     raise AssertionError("the keyed rollups hold every dimension")
