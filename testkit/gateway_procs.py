@@ -177,14 +177,14 @@ def start_gateway(
     *,
     tree: Path = ROOT,
     cpus: str | None = None,
-    usage_store: bool = False,
+    usage_db: Path | None = None,
     admin_key: str | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """`bench` routes to the JSON upstream at `json_url`, `bench-stream` to `stream_url`.
     `busy_wait_us`: `[server] busy_wait_us` (None: the default). `tree`: the source tree that
     serves (another checkout, for a comparison). `cpus`: a taskset CPU list to pin it to.
-    `usage_store`: the SQL usage store on (the default configuration; a SQLite file of the
-    gateway's own), else off. `admin_key`: the admin API's key (`admin_key_via_api`)."""
+    `usage_db`: a SQLite file for the usage store (None: the store off). `admin_key`: the
+    admin API's key (`key_via_admin_api`)."""
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "bench.toml"
     busy_wait = "" if busy_wait_us is None else f"busy_wait_us = {busy_wait_us}"
@@ -214,14 +214,16 @@ routes = [{{ provider = "json", model = "echo-chunks-{chunks}" }}]
 [models."{STREAM_MODEL}"]
 routes = [{{ provider = "stream", model = "echo-chunks-{chunks}" }}]
 """)
-    # The usage store on or off through the environment, which a tree from before it ignores.
+    # The usage store off through the environment, which a tree from before it ignores.
     env = {
         **os.environ,
         "GATEWAY_USE_PRESETS": "false",
-        "GATEWAY_USAGE__ENABLED": "true" if usage_store else "false",
-        "GATEWAY_USAGE__URL": f"sqlite+aiosqlite:///{config.parent / 'usage.db'}",
+        "GATEWAY_USAGE__ENABLED": "false",
         "PYTHONPATH": str(tree),
     }
+    if usage_db is not None:
+        env["GATEWAY_USAGE__ENABLED"] = "true"
+        env["GATEWAY_USAGE__URL"] = f"sqlite+aiosqlite:///{usage_db}"
     if admin_key is not None:
         env["GATEWAY_ADMIN__API_KEY"] = admin_key
     launcher = ["-m", "gateway"]

@@ -12,14 +12,14 @@ same tree read 0.96-1.05 per round this way, where bursts taken one after the ot
 0.71-1.26. Compare changes of a few percent with 8 or more rounds.
 
     .venv/bin/python benchmarks/compare_trees.py pinned TREE TREE [TREE...] [--path open|keyed]
-        [--mode json|stream] [--usage-store on|off] [--rounds 8] [--seconds 3]
-        [--connections 64] [--cpu 1]
+        [--mode json|stream] [--rounds 8] [--seconds 3] [--connections 64] [--cpu 1]
+        [--no-usage-store]
 
-The default configuration: the keyed path with the usage store on (each gateway's own SQLite
-file; a tree from before the store has none). `TREE@off` or `TREE@on` sets the store for that
-gateway alone, so that one tree can run with the store on and off side by side. Each gateway's
-key is made through its own admin API, so a tree with another key format is measured on its
-keyed path too.
+By default the default configuration: the keyed path with the usage store on (each gateway's
+own SQLite file; a tree from before the store has none). `TREE@off` or `TREE@on` sets the store
+for that gateway alone, so that one tree runs with the store on and off side by side. Each
+gateway's key is made through its own admin API, so a tree with another key format is measured
+on its keyed path too.
 
 Needs wrk and nginx (apt-get install -y wrk nginx-light) and the shared Redis.
 """
@@ -33,6 +33,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -67,14 +68,17 @@ def main() -> None:
         "trees", nargs="+", help="source trees (TREE, TREE@on, TREE@off); the first is the base"
     )
     parser.add_argument("--path", choices=("open", "keyed"), default="keyed")
-    parser.add_argument(
-        "--usage-store", choices=("on", "off"), default="on", help="for trees without @on/@off"
-    )
     parser.add_argument("--mode", choices=("json", "stream"), default="json")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--connections", type=int, default=64, help="in all, split between trees")
     parser.add_argument("--cpu", default="1", help="the CPU (taskset list) the gateways share")
+    parser.add_argument(
+        "--usage-store",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="each gateway with its usage store (SQLite), but for trees given with @on/@off",
+    )
     args = parser.parse_args()
     if len(args.trees) < 2:
         parser.error("give at least two trees")
@@ -93,11 +97,12 @@ async def run(args: argparse.Namespace) -> None:
     admin_key = f"bench-admin-{uuid.uuid4().hex}"
     try:
         for spec in args.trees:
-            tree, store = tree_and_store(spec, args.usage_store == "on")
+            tree, store = tree_and_store(spec, args.usage_store)
             prefix = f"bench-sbs:{uuid.uuid4().hex[:8]}:"
+            db = Path(tempfile.mkdtemp()) / "usage.db" if store else None
             proc, root = start_gateway(
                 nginx.base_url, mock_url, CHUNKS, keyed, prefix, tree=tree, cpus=args.cpu,
-                usage_store=store, admin_key=admin_key,
+                usage_db=db, admin_key=admin_key,
             )  # fmt: skip
             gateways.append((f"{tree} (store {'on' if store else 'off'})", proc, root, prefix))
         body = json.dumps(
@@ -113,6 +118,7 @@ async def run(args: argparse.Namespace) -> None:
         per_tree = max(1, args.connections // len(gateways))
         urls = [f"{root}/v1/chat/completions" for _, _, root, _ in gateways]
         cpu: list[list[float]] = [[] for _ in gateways]
+        rates: list[list[float]] = [[] for _ in gateways]  # requests/s of each round
         with ThreadPoolExecutor(len(gateways)) as pool:
             for warm_or_round in range(args.rounds + 1):
                 before = [cpu_seconds(proc.pid) for _, proc, _, _ in gateways]
@@ -126,7 +132,8 @@ async def run(args: argparse.Namespace) -> None:
                     continue  # the first burst warms every gateway up
                 for i, result in enumerate(results):
                     cpu[i].append(1000 * (after[i] - before[i]) / result.requests)
-        report(args, [t for t, _, _, _ in gateways], cpu)
+                    rates[i].append(result.requests / args.seconds)
+        report(args, [t for t, _, _, _ in gateways], cpu, rates)
     finally:
         for _, proc, _, prefix in gateways:
             proc.send_signal(signal.SIGINT)
@@ -145,13 +152,18 @@ def tree_and_store(spec: str, default: bool) -> tuple[Path, bool]:
     return Path(spec), default
 
 
-def report(args: argparse.Namespace, trees: list[str], cpu: list[list[float]]) -> None:
+def report(
+    args: argparse.Namespace, trees: list[str], cpu: list[list[float]], rates: list[list[float]]
+) -> None:
     print(
-        f"{args.path} {args.mode}, {args.connections} connections in all, gateways on CPU "
+        f"{args.path} {args.mode}, "
+        f"{args.connections} connections in all, gateways on CPU "
         f"{args.cpu}, {args.rounds} rounds of {args.seconds:g} s"
     )
     print(f"{'tree':40s} {'CPU/req median':>15s}  per round (ms); ratio to the first tree")
     print_per_tree(trees, cpu, "ms", 3)
+    print(f"{'tree':40s} {'req/s median':>15s}  per round; ratio to the first tree")
+    print_per_tree(trees, rates, "/s", 0)
 
 
 def print_per_tree(

@@ -112,7 +112,7 @@ class SummaryQuery(Filters):
     group_by: str = ""
     interval: Interval | None = None
     latency: bool = True
-    limit: int | None = Field(default=None, ge=1, le=10_000)
+    limit: int | None = Field(default=None, ge=1, le=1000)
     cursor: str | None = Field(default=None, max_length=2000)
 
     @field_validator("cursor")
