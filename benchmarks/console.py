@@ -3,10 +3,12 @@ the usage store (target < 50 ms at 10 million), and the bytes of a full page loa
 scripts and the first plot's data, which the page embeds; target < 300 KB).
 
     .venv/bin/python benchmarks/console.py [--records 1000000] [--keys 50] [--db PATH]
+        [--backend sqlite|postgresql] [--pg-url URL]
 
 Records spread evenly over the last 90 days up to now, over 1,000 key ids (the first `--keys`
 of them real keys in the key store, so the Keys page finds their budgets and last use) and
-20 models (benchmarks/usage_store.py's generator). A gateway (the real app, SQLite store,
+20 models (benchmarks/usage_load.py's generator and bulk loader). A gateway (the real app, the
+SQLite store or PostgreSQL's: a private server unless `--pg-url`,
 the shared Redis at 127.0.0.1:6379 under a unique prefix, the mock upstream; its heap settled
 after start as `python -m gateway` does) serves the console (raw records kept 400 days, so
 none of the 90 are purged); after one untimed request to two other pages (the process's first
@@ -21,13 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gzip
-import random
 import re
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,14 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiohttp  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
-from usage_store import synthetic  # noqa: E402
 
+from benchmarks.usage_load import bulk_load  # noqa: E402
 from gateway.keys.records import KeyCreate  # noqa: E402
 from gateway.keys.store import KeyStore  # noqa: E402
 from gateway.server.serve import settle_heap  # noqa: E402
 from gateway.usage_store.store import UsageStore  # noqa: E402
 from testkit.gateway_app import REDIS_URL, gateway_settings, start_gateway  # noqa: E402
 from testkit.mock_upstream import MockUpstream  # noqa: E402
+from testkit.postgres import PrivatePostgres  # noqa: E402
 
 ADMIN = "bench-console-admin"
 DAYS = 90
@@ -50,31 +53,19 @@ ASSET = re.compile(r'(?:href|src)="(/admin/ui/static/[^"]+)"')
 
 
 async def load(url: str, n: int, real_keys: list[str]) -> None:
+    """`n` records into the store at `url` by the bulk loader (unless it holds them already),
+    the first keys' ids those of `real_keys`."""
     store = await UsageStore.open(url)
     try:
         have = await store.count()
         if have >= n:
             print(f"  (the store already holds {have:,} records)")
             return
-        rng = random.Random(7)
-        now_ms = int(time.time() * 1000)
-        first_ms = now_ms - DAYS * 86_400_000
-        step = DAYS * 86_400_000 / n
-        began = time.perf_counter()
-        for start in range(have, n, 5000):
-            rows = [
-                synthetic(i, rng, int(first_ms + i * step))
-                for i in range(start, min(n, start + 5000))
-            ]
-            for row in rows:
-                index = int(row["key_id"][3:])
-                if index < len(real_keys):
-                    row["key_id"] = real_keys[index]
-            await store.insert(rows)
-            if start and start % 1_000_000 == 0:
-                print(f"    loaded {start:,}", flush=True)
-        rate = (n - have) / (time.perf_counter() - began)
-        print(f"  (loaded {n - have:,} records at {rate:,.0f}/s)")
+        if have:
+            sys.exit(f"the store holds {have:,} records, not {n:,}: give an empty one")
+        now = datetime.fromtimestamp(time.time(), UTC)
+        rate = await bulk_load(store, n, days=DAYS, now=now, key_ids=real_keys)
+        print(f"  (loaded {n:,} records at {rate:,.0f}/s)")
         await store.run("ANALYZE")
     finally:
         await store.aclose()
@@ -108,6 +99,13 @@ async def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=50)
     parser.add_argument("--db", type=Path, help="keep the store here (default: a temporary file)")
+    parser.add_argument(
+        "--backend",
+        choices=("sqlite", "postgresql"),
+        default="sqlite",
+        help="postgresql: a private server (fsync on), or --pg-url",
+    )
+    parser.add_argument("--pg-url", help="postgresql+asyncpg://... of an empty database")
     args = parser.parse_args()
     prefix = f"bench-console-{uuid.uuid4().hex[:8]}:"
     redis = Redis.from_url(REDIS_URL)
@@ -120,8 +118,16 @@ async def main() -> None:
         )
         real.append(record.id)
     tmp = tempfile.TemporaryDirectory()
-    db = args.db or Path(tmp.name) / "usage.db"
-    url = f"sqlite+aiosqlite:///{db}"
+    pg = None
+    if args.backend == "sqlite":
+        db = args.db or Path(tmp.name) / "usage.db"
+        url = f"sqlite+aiosqlite:///{db}"
+    elif args.pg_url:
+        url = args.pg_url
+    else:
+        pg = PrivatePostgres(durable=True)
+        pg.start()
+        url = pg.url()
     print(f"{args.records:,} records over {DAYS} days, {args.keys} real keys of 1,000 key ids")
     await load(url, args.records, real)
     mock = MockUpstream()
@@ -196,6 +202,8 @@ async def main() -> None:
             await redis.delete(*stale)
         await redis.aclose()
         tmp.cleanup()
+        if pg is not None:
+            pg.remove()
 
 
 if __name__ == "__main__":

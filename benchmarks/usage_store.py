@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,55 +42,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from redis.asyncio import Redis  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
+from benchmarks.usage_load import (  # noqa: E402
+    DAYS,
+    KEYS,
+    LOCAL,
+    MODELS,
+    NOW,
+    bulk_load,
+    stream_fields,
+    synthetic,
+)
 from gateway.config.usage import UsageSettings  # noqa: E402
 from gateway.usage_store.consumer import UsageConsumer  # noqa: E402
 from gateway.usage_store.queries import ExportQuery, SummaryQuery  # noqa: E402
 from gateway.usage_store.schema import COUNTERS, SUMS, daily_key_model  # noqa: E402
 from gateway.usage_store.store import UsageStore  # noqa: E402
-
-KEYS, MODELS, DAYS = 1000, 20, 90
-NOW = datetime(2026, 12, 1, tzinfo=UTC)  # the synthetic range ends here
-PROVIDERS = ("deepseek", "taotoken", "local")
-
-
-def synthetic(i: int, rng: random.Random, ts_ms: int) -> dict[str, Any]:
-    """One synthetic `usage_records` row (as `rows.row_of` makes them), settled at `ts_ms`."""
-    key = rng.randrange(KEYS)
-    model = (key + 7 * rng.randrange(2)) % MODELS  # each key uses two models
-    provider = PROVIDERS[(key + model) % 3]
-    failed = rng.random() < 0.02
-    prompt = rng.randrange(50, 4000)
-    latency = rng.lognormvariate(6.5, 0.6)
-    return {
-        "record_id": f"{ts_ms}-{i}",
-        "ts_ms": ts_ms,
-        "request_id": f"req_{i:012x}",
-        "key_id": f"key{key:04d}",
-        "model": f"model-{model:02d}",
-        "provider": provider,
-        "route_model": f"m{model}",
-        "route": "local" if provider == "local" else "upstream",
-        "thinking": "on" if rng.random() < 0.3 else "off",
-        "route_reason": "route",
-        "status": 502 if failed else 200,
-        "error_code": "upstream_error" if failed else "",
-        "prompt_tokens": prompt,
-        "cached_tokens": prompt // 2,
-        "completion_tokens": rng.randrange(10, 1500),
-        "reasoning_tokens": 0,
-        "max_tokens": 2000,
-        "reserved_tokens": prompt + 2000,
-        "charged_tokens": prompt + 500,
-        "cost": prompt * 2e-7,
-        "latency_ms": latency,
-        "ttft_ms": latency / 4,
-    }
-
-
-def stream_fields(row: dict[str, Any]) -> dict[str, str]:
-    ts = datetime.fromtimestamp(row["ts_ms"] / 1000, UTC).isoformat()
-    skip = ("record_id", "ts_ms", "route")
-    return {"ts": ts, **{k: str(v) for k, v in row.items() if k not in skip}}
 
 
 def line(name: str, value: float, unit: str, target: str, ok: bool) -> None:
@@ -114,7 +80,7 @@ async def ingest(store: UsageStore, n: int, batch_size: int) -> float:
                 await pipe.execute()
         settings = UsageSettings(enabled=True, block_ms=10, batch_size=batch_size)
         consumer = UsageConsumer(
-            redis, store, stream=stream, settings=settings, local_providers=frozenset({"local"})
+            redis, store, stream=stream, settings=settings, local_providers=LOCAL
         )
         await consumer.ensure_group()
         began = time.perf_counter()
@@ -128,22 +94,6 @@ async def ingest(store: UsageStore, n: int, batch_size: int) -> float:
         await redis.aclose()
 
 
-async def load(store: UsageStore, n: int) -> float:
-    rng = random.Random(7)
-    began = time.perf_counter()
-    batch = 5000
-    first_ms = int((NOW.timestamp() - DAYS * 86_400) * 1000)
-    step_ms = DAYS * 86_400_000 // n
-    for start in range(0, n, batch):
-        # in settlement order, as the consumer stores them: evenly over the 90 days
-        await store.insert(
-            [synthetic(i, rng, first_ms + i * step_ms) for i in range(start, min(n, start + batch))]
-        )
-        if start and start % 500_000 == 0:
-            print(f"    loaded {start:,}", flush=True)
-    return n / (time.perf_counter() - began)
-
-
 def raw_daily_rows(path: str, start: datetime) -> int:
     """The 90-day daily summary by key and model's rows, without percentiles (the columns that
     summary reads), as Python tuples straight from sqlite3 (no grouping, no rows made): what
@@ -155,6 +105,12 @@ def raw_daily_rows(path: str, start: datetime) -> int:
             (int(start.timestamp()), int(NOW.timestamp())),
         ).fetchall()
     return len(found)
+
+
+def _progress(done: int, _shown: list[int] = [0]) -> None:  # noqa: B006 (the last million shown)
+    if done // 1_000_000 > _shown[0]:
+        _shown[0] = done // 1_000_000
+        print(f"    loaded {done:,}", flush=True)
 
 
 async def timed(coro_factory: Any, runs: int = 5) -> float:
@@ -180,10 +136,17 @@ async def export_rate(store: UsageStore, key: str | None) -> tuple[float, int]:
 
 
 async def bench(
-    name: str, url: str, records: int, ingest_n: int, batch_size: int, reuse: bool = False
+    name: str,
+    url: str,
+    records: int,
+    ingest_n: int,
+    batch_size: int,
+    reuse: bool = False,
+    full: bool = False,
 ) -> None:
     """`reuse`: the store holds the `records` synthetic records already (loaded by an earlier
-    run with `--sqlite-file`); only the queries run."""
+    run with `--sqlite-file`); only the queries run. `full`: time the per-day summary by key
+    and model unpaged too (seconds at a million records)."""
     print(f"{name}:")
     store = await UsageStore.open(url)
     sqlite_file = make_url(url).database if store.dialect == "sqlite" else None
@@ -201,16 +164,29 @@ async def bench(
                     rate >= 20_000,
                 )
                 await store.purge(NOW.timestamp() + 400 * 86_400, 1, 1)  # empty again
-            loaded = await load(store, records)
+            loaded = await bulk_load(store, records, progress=_progress)
             print(f"  (loaded {records:,} synthetic records at {loaded:,.0f} records/s)")
             await store.run("ANALYZE")
         start = NOW - timedelta(days=DAYS)
         daily = SummaryQuery(group_by="key,model", interval="day", start=start, end=NOW)
-        ms = await timed(lambda: store.summary(daily))
-        line("90-day daily summary by key and model", ms, "ms", "< 100", ms < 100)
-        lean = daily.model_copy(update={"latency": False})
-        ms = await timed(lambda: store.summary(lean))
-        line("  the same without p50/p95", ms, "ms", "< 100", ms < 100)
+        for latency in (True, False):
+            first = daily.model_copy(update={"limit": 1000, "latency": latency})
+            ms = await timed(lambda q=first: store.summary_page(q))
+            with_ = "with p50/p95" if latency else "without p50/p95"
+            line(f"90-day per-day by key and model, 1st page {with_}", ms, "ms", "< 100", ms < 100)
+            _, cursor = await store.summary_page(first)
+            later = first.model_copy(update={"cursor": cursor})
+            ms = await timed(lambda q=later: store.summary_page(q))
+            line("  its second page", ms, "ms", "< 100", ms < 100)
+        if full:
+            ms = await timed(lambda: store.summary(daily), runs=1)
+            line("  all 180,000 rows at once (reported)", ms, "ms", "", True)
+            lean = daily.model_copy(update={"latency": False})
+            ms = await timed(lambda: store.summary(lean), runs=1)
+            line("  the same without p50/p95", ms, "ms", "", True)
+        by_key = SummaryQuery(group_by="key", start=start, end=NOW)
+        ms = await timed(lambda: store.summary(by_key))
+        line("90-day p50/p95 by key (1,000 rows)", ms, "ms", "< 100", ms < 100)
         if sqlite_file is not None:
             ms = await timed(lambda: asyncio.to_thread(raw_daily_rows, sqlite_file, start))
             print(f"    (its rows read raw from the SQLite file, the floor: {ms:,.1f} ms)")
@@ -271,6 +247,9 @@ async def main() -> None:
         default=UsageSettings().batch_size,
         help="the consumer's batch size for the ingest figure (default: the setting's default)",
     )
+    parser.add_argument(
+        "--full", action="store_true", help="time the unpaged per-day summary by key and model too"
+    )
     parser.add_argument("--pg-url", help="postgresql+asyncpg://... (default: a private server)")
     parser.add_argument(
         "--sqlite-file",
@@ -297,14 +276,22 @@ async def main() -> None:
             args.ingest,
             args.batch_size,
             reuse,
+            args.full,
         )
     elif "sqlite" in backends:
         with tempfile.TemporaryDirectory() as tmp:
             url = f"sqlite+aiosqlite:///{tmp}/usage.db"
-            await bench("SQLite", url, args.records, args.ingest, args.batch_size)
+            await bench("SQLite", url, args.records, args.ingest, args.batch_size, full=args.full)
     if "postgresql" in backends:
         if args.pg_url:
-            await bench("PostgreSQL", args.pg_url, args.records, args.ingest, args.batch_size)
+            await bench(
+                "PostgreSQL",
+                args.pg_url,
+                args.records,
+                args.ingest,
+                args.batch_size,
+                full=args.full,
+            )
         else:
             from testkit.postgres import PrivatePostgres
 
@@ -317,6 +304,7 @@ async def main() -> None:
                     args.records,
                     args.ingest,
                     args.batch_size,
+                    full=args.full,
                 )
             finally:
                 pg.remove()

@@ -178,11 +178,13 @@ def start_gateway(
     tree: Path = ROOT,
     cpus: str | None = None,
     usage_db: Path | None = None,
+    admin_key: str | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """`bench` routes to the JSON upstream at `json_url`, `bench-stream` to `stream_url`.
     `busy_wait_us`: `[server] busy_wait_us` (None: the default). `tree`: the source tree that
     serves (another checkout, for a comparison). `cpus`: a taskset CPU list to pin it to.
-    `usage_db`: a SQLite file for the usage store (None: the store off)."""
+    `usage_db`: a SQLite file for the usage store (None: the store off). `admin_key`: the
+    admin API's key (`key_via_admin_api`)."""
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "bench.toml"
     busy_wait = "" if busy_wait_us is None else f"busy_wait_us = {busy_wait_us}"
@@ -222,6 +224,8 @@ routes = [{{ provider = "stream", model = "echo-chunks-{chunks}" }}]
     if usage_db is not None:
         env["GATEWAY_USAGE__ENABLED"] = "true"
         env["GATEWAY_USAGE__URL"] = f"sqlite+aiosqlite:///{usage_db}"
+    if admin_key is not None:
+        env["GATEWAY_ADMIN__API_KEY"] = admin_key
     launcher = ["-m", "gateway"]
     pin = ["taskset", "-c", cpus] if cpus is not None else []
     proc = subprocess.Popen(
@@ -301,6 +305,22 @@ async def high_limit_key(redis: Redis, prefix: str) -> str:
         KeyCreate(name="bench", budget_tokens=10**12, rpm=10**8, tpm=10**11, max_concurrency=10**5)
     )
     return secret
+
+
+async def key_via_admin_api(root: str, admin_key: str) -> str:
+    """A key with limits set high, made through the gateway's own admin API (whatever its
+    tree's key format): its secret."""
+    body = {"name": "bench", "budget_tokens": 10**12, "rpm": 10**8, "tpm": 10**11,
+            "max_concurrency": 10**5}  # fmt: skip
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{root}/admin/keys", json=body, headers=headers) as resp,
+    ):
+        answer = await resp.json()
+        if resp.status != 201:
+            raise RuntimeError(f"the admin API refused the key: {resp.status} {answer}")
+        return str(answer["key"])
 
 
 async def admission_round_trip_ms(redis: Redis, prefix: str, calls: int = 2000) -> float:

@@ -13,9 +13,15 @@ same tree read 0.96-1.05 per round this way, where bursts taken one after the ot
 
     .venv/bin/python benchmarks/compare_trees.py pinned TREE TREE [TREE...] [--path open|keyed]
         [--mode json|stream] [--rounds 8] [--seconds 3] [--connections 64] [--cpu 1]
-        [--usage-store]
+        [--no-usage-store]
 
-Needs wrk and nginx (apt-get install -y wrk nginx-light) and the shared Redis for keyed paths.
+By default the default configuration: the keyed path with the usage store on (each gateway's
+own SQLite file; a tree from before the store has none). `TREE@off` or `TREE@on` sets the store
+for that gateway alone, so that one tree runs with the store on and off side by side. Each
+gateway's key is made through its own admin API, so a tree with another key format is measured
+on its keyed path too.
+
+Needs wrk and nginx (apt-get install -y wrk nginx-light) and the shared Redis.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,7 +50,7 @@ from testkit.gateway_procs import (  # noqa: E402
     STREAM_MODEL,
     Nginx,
     drop_prefix,
-    high_limit_key,
+    key_via_admin_api,
     mock_answer,
     request_body,
     start_gateway,
@@ -57,15 +64,20 @@ CHUNKS = 20
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trees", nargs="+", type=Path, help="source trees; the first is the base")
-    parser.add_argument("--path", choices=("open", "keyed"), default="open")
+    parser.add_argument(
+        "trees", nargs="+", help="source trees (TREE, TREE@on, TREE@off); the first is the base"
+    )
+    parser.add_argument("--path", choices=("open", "keyed"), default="keyed")
     parser.add_argument("--mode", choices=("json", "stream"), default="json")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--connections", type=int, default=64, help="in all, split between trees")
     parser.add_argument("--cpu", default="1", help="the CPU (taskset list) the gateways share")
     parser.add_argument(
-        "--usage-store", action="store_true", help="each gateway with its usage store (SQLite)"
+        "--usage-store",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="each gateway with its usage store (SQLite), but for trees given with @on/@off",
     )
     args = parser.parse_args()
     if len(args.trees) < 2:
@@ -81,25 +93,27 @@ async def run(args: argparse.Namespace) -> None:
     nginx = Nginx(mock_answer(CHUNKS))
     nginx.start()
     redis = Redis.from_url(REDIS_URL)
-    gateways: list[tuple[Path, subprocess.Popen[bytes], str, str]] = []
+    gateways: list[tuple[str, subprocess.Popen[bytes], str, str]] = []
+    admin_key = f"bench-admin-{uuid.uuid4().hex}"
     try:
-        for tree in args.trees:
+        for spec in args.trees:
+            tree, store = tree_and_store(spec, args.usage_store)
             prefix = f"bench-sbs:{uuid.uuid4().hex[:8]}:"
-            db = Path(tempfile.mkdtemp()) / "usage.db" if args.usage_store else None
+            db = Path(tempfile.mkdtemp()) / "usage.db" if store else None
             proc, root = start_gateway(
                 nginx.base_url, mock_url, CHUNKS, keyed, prefix, tree=tree, cpus=args.cpu,
-                usage_db=db,
+                usage_db=db, admin_key=admin_key,
             )  # fmt: skip
-            gateways.append((tree, proc, root, prefix))
+            gateways.append((f"{tree} (store {'on' if store else 'off'})", proc, root, prefix))
         body = json.dumps(
             request_body(STREAM_MODEL if stream else "bench", CHUNKS, stream)
         ).encode()
         scripts = []
-        for _, _, root, prefix in gateways:
+        for _, _, root, _ in gateways:
             await wait_ready(root)
             headers = {"Content-Type": "application/json"}
             if keyed:
-                headers["Authorization"] = f"Bearer {await high_limit_key(redis, prefix)}"
+                headers["Authorization"] = f"Bearer {await key_via_admin_api(root, admin_key)}"
             scripts.append(wrk_load.script(body, headers))
         per_tree = max(1, args.connections // len(gateways))
         urls = [f"{root}/v1/chat/completions" for _, _, root, _ in gateways]
@@ -130,11 +144,19 @@ async def run(args: argparse.Namespace) -> None:
         mock.terminate()
 
 
+def tree_and_store(spec: str, default: bool) -> tuple[Path, bool]:
+    """`TREE`, `TREE@on` or `TREE@off`: the tree and whether its usage store is on."""
+    tree, _, store = spec.rpartition("@")
+    if store in ("on", "off") and tree:
+        return Path(tree), store == "on"
+    return Path(spec), default
+
+
 def report(
-    args: argparse.Namespace, trees: list[Path], cpu: list[list[float]], rates: list[list[float]]
+    args: argparse.Namespace, trees: list[str], cpu: list[list[float]], rates: list[list[float]]
 ) -> None:
     print(
-        f"{args.path} {args.mode}{', usage store on' if args.usage_store else ''}, "
+        f"{args.path} {args.mode}, "
         f"{args.connections} connections in all, gateways on CPU "
         f"{args.cpu}, {args.rounds} rounds of {args.seconds:g} s"
     )
@@ -144,7 +166,9 @@ def report(
     print_per_tree(trees, rates, "/s", 0)
 
 
-def print_per_tree(trees: list[Path], per_tree: list[list[float]], unit: str, digits: int) -> None:
+def print_per_tree(
+    trees: Sequence[object], per_tree: list[list[float]], unit: str, digits: int
+) -> None:
     """Each tree's median and per-round figures; each later tree's per-round ratio to the
     first tree's, and their median."""
     base = per_tree[0]

@@ -49,6 +49,15 @@ class UsageSettings(BaseModel):
     block_ms: int = Field(
         default=1000, gt=0, description="How long one read waits for new records."
     )
+    flush_ms: int = Field(
+        default=1000,
+        ge=0,
+        le=60_000,
+        description="After a batch that was not full, wait this long before reading again: "
+        "live traffic is stored a second's records to a transaction, not a few (each batch "
+        "costs the gateway a transaction and Redis an acknowledgement and a trim); records "
+        "show in reports this much later. 0: read again at once.",
+    )
     claim_idle_s: float = Field(
         default=60.0,
         gt=0,

@@ -1,7 +1,8 @@
 """The usage store's admin API, under /admin (mounted by `gateway.admin.api`):
 
   GET /admin/usage/summary   rollup totals grouped by any of key, model, provider, route,
-                             thinking, status, error_code; per hour, day or month; filtered
+                             thinking, status, error_code; per hour, day or month; filtered;
+                             ordered by period then groups, paged by `limit` and `cursor`
   GET /admin/usage/records   records newest first, paged by `cursor` (metadata only)
   GET /admin/usage/export    records as CSV, oldest first, streamed (any size)
 and the summary of one key (`key_summary`, for GET /admin/keys/{id}/usage). Without
@@ -24,6 +25,7 @@ from gateway.usage_store.query_errors import query_error
 from gateway.usage_store.store import UsageStore
 
 Query = TypeVar("Query", bound=BaseModel)
+SUMMARY_PAGE = 1000  # a summary's rows a page when the query names no `limit`
 
 
 def routes() -> list[web.RouteDef]:
@@ -65,7 +67,9 @@ async def summary_response(request: web.Request, **fixed: str) -> web.Response:
     own view)."""
     store = _store(request)
     q = _query(request, SummaryQuery, **fixed)
-    data = await store.summary(q)
+    if q.limit is None:
+        q = q.model_copy(update={"limit": SUMMARY_PAGE})
+    data, cursor = await store.summary_page(q)
     return web.json_response(
         {
             "object": "usage.summary",
@@ -76,6 +80,8 @@ async def summary_response(request: web.Request, **fixed: str) -> web.Response:
             "end": _iso(q.end),
             "filters": {k: v for k, v in q.equalities().items()},
             "data": data,
+            "has_more": cursor is not None,
+            "next_cursor": cursor,
         }
     )
 

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 Dimension = Literal["key", "model", "provider", "route", "thinking", "status", "error_code"]
@@ -75,14 +85,60 @@ class Filters(BaseModel):
         }
 
 
+_CURSOR_HELP = "pass the `next_cursor` of the page before, unchanged"
+
+
+def encode_cursor(values: list[Any]) -> str:
+    """A summary page's `next_cursor`: the last row's period and groups (`SummaryQuery`)."""
+    text = json.dumps(values, separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> list[str | int]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        values = json.loads(raw)
+    except (binascii.Error, ValueError):
+        raise ValueError(_CURSOR_HELP) from None
+    if not isinstance(values, list) or not all(
+        isinstance(v, str | int) and not isinstance(v, bool) for v in values
+    ):
+        raise ValueError(_CURSOR_HELP)
+    return values
+
+
 class SummaryQuery(Filters):
     """`GET /admin/usage/summary`: rollup totals per group and period. `group_by`: comma-
     separated dimensions; `interval`: one row per period (none: the whole range); `latency`:
-    include p50/p95 of TTFT and total latency."""
+    include p50/p95 of TTFT and total latency. Rows come ordered by the period, then the
+    groups; `limit`: at most this many (none: all), and the page's `next_cursor` passed back
+    as `cursor` reads the rows after it."""
 
     group_by: str = ""
     interval: Interval | None = None
     latency: bool = True
+    limit: int | None = Field(default=None, ge=1, le=1000)
+    cursor: str | None = Field(default=None, max_length=2000)
+
+    @field_validator("cursor")
+    @classmethod
+    def _readable(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A cursor of this summary's rows: a period (with an interval) and each group."""
+        if value is not None:
+            group_by = info.data.get("group_by", "")
+            names = {part.strip() for part in group_by.split(",") if part.strip()}
+            width = len(names) + (info.data.get("interval") is not None)
+            if len(_decode_cursor(value)) != width:
+                raise ValueError(f"not a cursor of this summary's rows: {_CURSOR_HELP}")
+        return value
+
+    def order(self) -> list[str]:
+        """What the rows are ordered by: the period (with an interval), then the groups."""
+        return (["period"] if self.interval is not None else []) + self.dimensions()
+
+    def after(self) -> list[str | int] | None:
+        """The cursor's values (the last row before this page's, in `order`), or None."""
+        return None if self.cursor is None else _decode_cursor(self.cursor)
 
     @field_validator("group_by")
     @classmethod

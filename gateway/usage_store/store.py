@@ -42,7 +42,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from gateway.usage_store.buckets import DAY_S, MONTH, bucket_start
 from gateway.usage_store.export_sql import export_sql
 from gateway.usage_store.insert_sql import PostgresWriter
-from gateway.usage_store.queries import ExportQuery, Filters, RecordsQuery, SummaryQuery
+from gateway.usage_store.queries import (
+    ExportQuery,
+    Filters,
+    RecordsQuery,
+    SummaryQuery,
+    encode_cursor,
+)
 from gateway.usage_store.schema import ROLLUPS, migrate, records
 from gateway.usage_store.sqlite_writer import PRAGMAS, SqliteWriter
 from gateway.usage_store.summary_rows import summary_row
@@ -154,13 +160,27 @@ class UsageStore:
 
     async def summary(self, q: SummaryQuery, only: Only | None = None) -> list[dict[str, Any]]:
         """Totals per group (and per period with `interval`), from one statement on the rollups
-        (`summary_sql`); `only`: the groups whose dimensions (query names) take these values."""
+        (`summary_sql`); `only`: the groups whose dimensions (query names) take these values.
+        One page of them with the query's `limit` (`summary_page`)."""
+        return (await self.summary_page(q, only))[0]
+
+    async def summary_page(
+        self, q: SummaryQuery, only: Only | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """The summary's rows, ordered by the period and then the groups: the query's `limit`
+        of them after its `cursor` (every one without a limit), and the cursor of the next
+        page (None: this is the last)."""
         stmt, at = summary_statement(self.dialect, q, only)
         async with self._reader.connect() as conn:
             found = (await conn.execute(stmt)).all()
         # (an aggregate without groups over no rows is one row of nulls)
+        found = [row for row in found if row[at["requests"]] is not None]
+        cursor = None
+        if q.limit is not None and len(found) > q.limit:
+            found = found[: q.limit]
+            cursor = encode_cursor(list(found[-1][: len(q.order())]))
         dims = q.dimensions()
-        return [summary_row(row, at, q, dims) for row in found if row[at["requests"]] is not None]
+        return [summary_row(row, at, q, dims) for row in found], cursor
 
     async def records(self, q: RecordsQuery) -> tuple[list[dict[str, Any]], str | None]:
         """One page of records, newest first, and the cursor of the next page (None: last)."""

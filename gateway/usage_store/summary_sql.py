@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, Table, func, literal, select, union_all
+from sqlalchemy import ColumnElement, Select, Table, false, func, literal, select, tuple_, union_all
 
 from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH, bucket_start, next_month
 from gateway.usage_store.queries import COLUMN, SummaryQuery
@@ -61,8 +61,9 @@ def summary_statement(
     dialect: str, q: SummaryQuery, only: Only | None = None
 ) -> tuple[Select[Any], dict[str, int]]:
     """The statement and, for each sum, its position in a result row (the period, with an
-    interval, and the dimensions come first). `only`: the groups of these values alone (a
-    plot's top groups)."""
+    interval, and the dimensions come first, and order the rows). `only`: the groups of these
+    values alone (a plot's top groups). With the query's `limit`, one row more than it (which
+    tells that there is a next page), after the query's `cursor`."""
     only = only or {}
     start = None if q.start is None else int(q.start.timestamp())
     end = None if q.end is None else int(q.end.timestamp())
@@ -77,14 +78,15 @@ def summary_statement(
         else:
             table = rollup_for(used, q, day_aligned)
             low = None if start is None else bucket_start(start, ROLLUPS[table].bucket_s)
-        columns = _period(dialect, table, q.interval) + [table.c[COLUMN[d]].label(d) for d in dims]
+        ordered = _period(dialect, table, q.interval) + [table.c[COLUMN[d]] for d in dims]
+        columns = [c.label(name) for c, name in zip(ordered, q.order(), strict=True)]
         stmt = (
             select(*columns, *(func.sum(table.c[c]).label(c) for c in added))
-            .where(*_within(table, q, only, low, end))
+            .where(*_within(table, q, only, low, end), *_after(ordered, q))
             .group_by(*columns)
             .order_by(*columns)
         )
-        return stmt, {name: len(columns) + i for i, name in enumerate(added)}
+        return _paged(stmt, q), {name: len(columns) + i for i, name in enumerate(added)}
     parts = [_part(*piece, q, only, dims, added) for piece in pieces]
     both = union_all(*parts).subquery()
     groups = [both.c[d] for d in dims]
@@ -94,7 +96,24 @@ def summary_statement(
         .having(func.sum(both.c.requests) != 0)  # a day less all its requests: none in range
         .order_by(*groups)
     )
-    return stmt, {name: len(groups) + i for i, name in enumerate(added)}
+    return _paged(stmt, q), {name: len(groups) + i for i, name in enumerate(added)}
+
+
+def _after(ordered: list[ColumnElement[Any]], q: SummaryQuery) -> list[ColumnElement[bool]]:
+    """The rows after the query's cursor in the order of `ordered` (a row-value comparison,
+    which reads an index on those columns from that point)."""
+    after = q.after()
+    if after is None:
+        return []
+    if not ordered:  # the one row of a summary without period or groups was read
+        return [false()]
+    if len(ordered) == 1:
+        return [ordered[0] > after[0]]
+    return [tuple_(*ordered) > tuple_(*after)]
+
+
+def _paged(stmt: Select[Any], q: SummaryQuery) -> Select[Any]:
+    return stmt if q.limit is None else stmt.limit(q.limit + 1)
 
 
 Piece = tuple[Table, int | None, int | None, int]  # a rollup, its buckets in [low, high), +1/-1
@@ -170,14 +189,18 @@ _MONTHLY = {
 def rollup_for(columns: set[str], q: SummaryQuery, day_aligned: bool) -> Table:
     """The narrowest rollup that answers a summary over `columns` (grouped or filtered): of its
     grain (hourly for an hourly interval or a range not in whole days), holding those columns,
-    and the latency histograms when the summary reads p50/p95."""
+    and the latency histograms when the summary reads p50/p95; for a page of a summary per
+    period, one stored in period order (whose first page is read from the range's start, not
+    sorted out of all of its rows)."""
     bucket_s = HOUR_S if q.interval == "hour" or not day_aligned else DAY_S
+    by_period = q.interval is not None and q.limit is not None
     for table in _NARROWEST_FIRST:
         shape = ROLLUPS[table]
         if (
             shape.bucket_s == bucket_s
             and columns <= set(shape.dims)
             and (not q.latency or LATENCY[0] in shape.added)
+            and not (by_period and table.primary_key.columns.values()[0].name != "bucket")
         ):
             return table
     raise AssertionError("the keyed rollups hold every dimension")
@@ -189,7 +212,8 @@ def _part(
 ) -> Select[Any]:  # fmt: skip
     columns = [table.c[COLUMN[d]].label(d) for d in dims]
     sums = [(table.c[c] if sign > 0 else -table.c[c]).label(c) for c in added]
-    return select(*columns, *sums).where(*_within(table, q, only, low, high))
+    after = _after([table.c[COLUMN[d]] for d in dims], q)  # (the groups order the rows)
+    return select(*columns, *sums).where(*_within(table, q, only, low, high), *after)
 
 
 def _within(

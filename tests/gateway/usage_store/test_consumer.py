@@ -28,7 +28,7 @@ from testkit.gateway_app import REDIS_URL, PrivateRedis
 from testkit.postgres import PrivatePostgres
 from tests.support.usage_records import stream_fields
 
-SETTINGS = UsageSettings(enabled=True, batch_size=100, block_ms=50, retry_s=0.05)
+SETTINGS = UsageSettings(enabled=True, batch_size=100, block_ms=50, retry_s=0.05, flush_ms=0)
 
 
 async def add(redis: Redis, stream: str, n: int, first: int = 0) -> list[str]:
@@ -270,6 +270,34 @@ async def test_a_consumer_killed_mid_batch_loses_nothing(
         if child.poll() is None:
             child.kill()
             child.wait()
+        await store.aclose()
+        await redis.delete(stream)
+
+
+async def test_live_traffic_is_stored_a_flush_interval_at_a_time(
+    store_url: str, redis: Redis, stream: str
+) -> None:
+    """After a batch that was not full the consumer waits `flush_ms` before it reads again:
+    records added meanwhile wait in the stream; a stop ends the wait at once."""
+    store = await UsageStore.open(store_url)
+    added = await add(redis, stream, 5)  # (before the consumer starts: one batch)
+    c = consumer(redis, store, stream, flush_ms=60_000)
+    task = asyncio.create_task(c.run())
+    try:
+
+        async def first_stored() -> bool:
+            return c.stored == 5
+
+        await eventually(first_stored)
+        added += await add(redis, stream, 5, first=5)
+        await asyncio.sleep(0.5)  # many reads' worth without the wait
+        assert c.stored == 5 and await redis.xlen(stream) == 5
+        c.stop()
+        await asyncio.wait_for(task, 10)
+        await reconcile(store, added[:5])
+    finally:
+        c.stop()
+        await task
         await store.aclose()
         await redis.delete(stream)
 

@@ -122,6 +122,45 @@ def _varied(n: int) -> list[dict[str, object]]:
     return out
 
 
+@pytest.mark.parametrize(
+    ("group_by", "interval", "latency"),
+    [
+        ("key,model", "day", True),
+        ("key,model", "day", False),
+        ("model,status", "hour", True),
+        ("provider", "month", False),
+        ("key", None, False),
+        ("model,thinking", None, True),
+        ("", "day", True),
+        ("", None, False),
+    ],
+)
+async def test_summary_pages_read_as_the_whole_summary_in_order(
+    store_url: str, group_by: str, interval: str | None, latency: bool
+) -> None:
+    """Page by page (`limit`, then each page's cursor), a summary reads as all of it at once,
+    ordered by the period, then the groups; the last page has no cursor."""
+    async with _opened(store_url) as store:
+        await store.insert(_varied(700))
+        # (a range that is not whole days: totals read whole days and part days together)
+        window = {"start": datetime.fromtimestamp(DAY0 + 5400, UTC), "end": None}
+        q = SummaryQuery(group_by=group_by, interval=interval, latency=latency, **window)
+        whole = await store.summary(q)
+        order = q.order()
+        assert whole == sorted(whole, key=lambda r: [r[name] for name in order])
+        for limit in (1, 3, len(whole), len(whole) + 1):
+            pages, cursor = [], None
+            while True:
+                page, cursor = await store.summary_page(
+                    q.model_copy(update={"limit": limit, "cursor": cursor})
+                )
+                assert len(page) <= limit and (cursor is None or len(page) == limit)
+                pages.extend(page)
+                if cursor is None:
+                    break
+            assert pages == whole
+
+
 def _without_key(rows: list[dict[str, object]], dims: list[str]) -> dict[tuple[object, ...], dict]:
     """Summary rows grouped by `dims` plus the key, added up over the keys (counters only)."""
     out: dict[tuple[object, ...], dict] = {}

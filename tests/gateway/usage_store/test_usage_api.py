@@ -104,6 +104,14 @@ async def test_requests_are_stored_priced_and_reported(
     assert (row["key"], row["model"], row["requests"]) == (served.key_id, "echo-model", 4)
     assert row["cost"] == pytest.approx(sum(r["cost"] for r in records), rel=1e-5)
     assert row["latency_ms"]["p95"] is not None
+    assert (summary["has_more"], summary["next_cursor"]) == (False, None)
+
+    status, first = await served.get("/admin/usage/summary", group_by="key,status", limit="1")
+    assert status == 200 and len(first["data"]) == 1 and first["next_cursor"] is None
+    status, after = await served.get(
+        "/admin/usage/summary", group_by="key,model", interval="hour", limit="1"
+    )
+    assert status == 200 and len(after["data"]) == 1
 
     status, mine = await served.get(f"/admin/keys/{served.key_id}/usage", group_by="provider")
     assert status == 200 and [(r["provider"], r["requests"]) for r in mine["data"]] == [("mock", 4)]
@@ -170,6 +178,14 @@ async def test_streams_that_broke_off_after_their_200_count_as_errors(served: Se
         ("/admin/usage/summary", {"start": "yesterday"}, "start", "ISO 8601"),
         ("/admin/usage/summary", {"status": "x"}, "status", "from 0 to 999"),
         ("/admin/usage/summary", {"colour": "red"}, "colour", "Unknown parameter 'colour'"),
+        ("/admin/usage/summary", {"limit": "0"}, "limit", "from 1 to 1000"),
+        ("/admin/usage/summary", {"cursor": "nonsense"}, "cursor", "pass the next_cursor"),
+        (
+            "/admin/usage/summary",
+            {"group_by": "key", "cursor": "WyJrZXkiLCJtIl0"},
+            "cursor",
+            "pass the next_cursor",
+        ),
         ("/admin/usage/records", {"limit": "0"}, "limit", "from 1 to 1000"),
         (
             "/admin/usage/records",
