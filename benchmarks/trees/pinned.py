@@ -20,6 +20,7 @@ own SQLite file; a tree from before the store has none). `TREE@off` or `TREE@on`
 for that gateway alone, so that one tree runs with the store on and off side by side. Each
 gateway's key is made through its own admin API, so a tree with another key format is measured
 on its keyed path too.
+The open path runs without the store, which records keyed requests only.
 
 Needs wrk and nginx (apt-get install -y wrk nginx-light) and the shared Redis.
 """
@@ -97,7 +98,10 @@ async def run(args: argparse.Namespace) -> None:
     admin_key = f"bench-admin-{uuid.uuid4().hex}"
     try:
         for spec in args.trees:
-            tree, store = tree_and_store(spec, args.usage_store)
+            # The store records keyed requests only: the open path runs without it.
+            tree, store = tree_and_store(spec, args.usage_store and keyed)
+            if store and not keyed:
+                raise SystemExit(f"{spec}: the usage store needs keys (--path keyed)")
             prefix = f"bench-sbs:{uuid.uuid4().hex[:8]}:"
             db = Path(tempfile.mkdtemp()) / "usage.db" if store else None
             proc, root = start_gateway(
