@@ -245,9 +245,17 @@ class GrammarMasks:
             if accepted:
                 matcher.rollback(accepted)
             state.waiting = waiting
-        if masked:
-            bitmask = bitmask.to(logits.device, non_blocking=True)
+        if not masked:
+            return
+        bitmask = bitmask.to(logits.device, non_blocking=True)
+        if logits.is_contiguous():
             xgr.apply_token_bitmask_inplace(logits, bitmask, indices=masked)
+            return
+        # the kernel needs row-major rows (a small batch's logits may come transposed)
+        at = torch.tensor(masked, dtype=torch.long, device=logits.device)
+        rows_of = logits.index_select(0, at)  # [M, V], contiguous
+        xgr.apply_token_bitmask_inplace(rows_of, bitmask.index_select(0, at))
+        logits.index_copy_(0, at, rows_of)
 
     def release(self, request_id: str) -> None:
         self._states.pop(request_id, None)

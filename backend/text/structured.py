@@ -235,7 +235,8 @@ def build_constraint(
         json_schema = None  # the answer is the call
     if json_schema is None and not calls:
         return None
-    return Constraint(json_schema, calls, force, parallel_tool_calls is not False)
+    named = isinstance(tool_choice, Mapping)  # one call of that function
+    return Constraint(json_schema, calls, force, parallel_tool_calls is not False and not named)
 
 
 def grammar_starts_after(
