@@ -13,9 +13,9 @@ format with the markers as their own tokens:
 Strict and non-strict schemas: a strict schema (`strict: true`, as the openai SDK's `.parse()`
 sends) is enforced exactly, and a keyword the grammar engine cannot enforce is an error naming
 its place (`ConstraintError`). A non-strict schema is guidance, as OpenAI documents it: it is
-enforced where every keyword is supported, and otherwise relaxed to plain JSON (an object for
-tool arguments) instead of refused. Either way no properties beyond those a schema names are
-generated unless it allows them with `additionalProperties`.
+enforced where every keyword is supported, and otherwise relaxed to plain JSON (an object where
+the schema asks for one, and for tool arguments) instead of refused. Either way no properties
+beyond those a schema names are generated unless it allows them with `additionalProperties`.
 """
 
 from __future__ import annotations
@@ -173,7 +173,9 @@ def response_constraint(response_format: Mapping[str, Any] | None) -> dict[str, 
     if schema is None:
         return {}
     strict = spec.get("strict") is True
-    return _checked(schema, strict, "response_format.json_schema.schema", {})
+    is_object = isinstance(schema, Mapping) and schema.get("type") == "object"
+    fallback = dict(_ANY_OBJECT) if is_object else {}
+    return _checked(schema, strict, "response_format.json_schema.schema", fallback)
 
 
 def tool_constraint(
