@@ -36,6 +36,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.loading import load_engine
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
+from backend.text.tokenizer import TOKENIZER_FILE, Tokenizer
 
 __all__ = [
     "AsyncEngine",
@@ -94,11 +95,11 @@ class AsyncEngine:
     ) -> AsyncEngine:
         """Load the model and generation_config.json; the checkpoint's fingerprint seeds the
         prefix-cache block hashes. Blocking (seconds to minutes): call it off the event loop.
-        Structured output compiles over the checkpoint's tokenizer."""
-        from backend.text.tokenizer import Tokenizer
-
+        Structured output compiles over the checkpoint's tokenizer (none: refused)."""
         engine = load_engine(model_dir, config, on_block_event=on_block_event)
-        grammars = GrammarCompiler(Tokenizer.from_dir(Path(model_dir)), engine.vocab_size)
+        grammars = None  # a checkpoint without a tokenizer serves ids only, unconstrained
+        if (Path(model_dir) / TOKENIZER_FILE).is_file():
+            grammars = GrammarCompiler(Tokenizer.from_dir(Path(model_dir)), engine.vocab_size)
         return cls(engine, grammars)
 
     @property
