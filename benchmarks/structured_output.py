@@ -1,6 +1,7 @@
 """Structured output: the grammar's cost per decoded token, and compile times, in one run.
 
     python -m benchmarks.structured_output [--device cpu|cuda] [--steps 24] [--repeats 3]
+        [--batches 1,32] [--modes greedy,sampled] [--parts ab]
 
 (a) Decode steps of the "small" demo preset (random weights, MTP drafting off) at batch 1 and
     32, greedy and sampled (temperature 1): every sequence constrained by a JSON Schema (an array
@@ -141,8 +142,10 @@ def part_a(args: argparse.Namespace, checkpoint: Path, grammars: GrammarCompiler
     compiled = grammars.compile(constraint.text)
     verdicts = []
     print("(a) decode step, constrained vs unconstrained (median of repeats)")
-    for label, temperature in (("greedy", 0.0), ("sampled", 1.0)):
-        for batch in (1, 32):
+    modes = {"greedy": 0.0, "sampled": 1.0}
+    for label in args.modes.split(","):
+        temperature = modes[label]
+        for batch in (int(b) for b in args.batches.split(",")):
             free = SamplingParams(temperature=temperature, top_p=1.0, ignore_eos=True)
             bound = SamplingParams(temperature=temperature, top_p=1.0, grammar=constraint.text)
             plain_ms, masked_ms, mask_ms = [], [], []
@@ -195,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=24, help="timed decode steps per run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--parts", default="ab")
+    parser.add_argument("--batches", default="1,32")
+    parser.add_argument("--modes", default="greedy,sampled", help="greedy, sampled or both")
     args = parser.parse_args(argv)
     checkpoint = resolve_checkpoint(None, args.demo_dir, "small")
     vocab_size = int(json.loads((checkpoint / "config.json").read_text())["vocab_size"])
