@@ -73,11 +73,13 @@ class Message:
 
 @record
 class Tool:
-    """A function tool the model may call. `parameters` is a JSON schema."""
+    """A function tool the model may call. `parameters` is a JSON schema; `strict`: the
+    client asks for arguments that follow it exactly (OpenAI's `strict`)."""
 
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool = False
 
 
 @record
@@ -167,7 +169,8 @@ class ChatRequest:
     `model` is the provider-side model id (the router rewrites it from the public alias).
     `thinking`: True/False forces DeepSeek thinking on/off, None leaves the provider's default.
     `tool_choice`: "auto" | "none" | "required" | {"type": "function", "function": {"name"}}.
-    `response_format`: the client's object, passed through.
+    `response_format`: the client's object in Chat Completions' shape, passed through to
+    upstreams; the local engine enforces it (providers/local/structured.py).
     `extra`: provider-specific fields a client sent that a pass-through upstream may want.
     `anthropic_body`: the client's own Messages API body, for an upstream that speaks Messages
     (sent as it came, nothing lost in translation); None for other front-end protocols.

@@ -22,6 +22,7 @@ from pathlib import Path
 from backend.engine.blocks import BlockEvent
 from backend.engine.engine_config import EngineConfig
 from backend.engine.engine_inbox import Add, Finish, OutputStream
+from backend.engine.grammar import GrammarCompiler
 from backend.engine.interface import (
     EngineClosed,
     EngineDown,
@@ -35,6 +36,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.loading import load_engine
 from backend.engine.request import FinishReason
 from backend.engine.sampling_params import SamplingParams
+from backend.text.tokenizer import TOKENIZER_FILE, Tokenizer
 
 __all__ = [
     "AsyncEngine",
@@ -66,8 +68,9 @@ class AsyncEngine:
     event loop. `max_waiting` (from the engine's config) bounds requests not yet running.
     """
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, grammars: GrammarCompiler | None = None) -> None:
         self._engine = engine
+        self._grammars = grammars  # None: constrained requests are refused
         self._max_waiting = engine.config.max_waiting
         self._cond = threading.Condition()
         # guarded by _cond:
@@ -93,12 +96,15 @@ class AsyncEngine:
     ) -> AsyncEngine:
         """Load the model and generation_config.json; the checkpoint's fingerprint seeds the
         prefix-cache block hashes. Blocking (seconds to minutes): call it off the event loop.
-        `on_load_progress(done, total)`: the weights' tensors loaded so far."""
-        return cls(
-            load_engine(
-                model_dir, config, on_block_event=on_block_event, on_load_progress=on_load_progress
-            )
+        `on_load_progress(done, total)`: the weights' tensors loaded so far. Structured output
+        compiles over the checkpoint's tokenizer (none: refused)."""
+        engine = load_engine(
+            model_dir, config, on_block_event=on_block_event, on_load_progress=on_load_progress
         )
+        grammars = None  # a checkpoint without a tokenizer serves ids only, unconstrained
+        if (Path(model_dir) / TOKENIZER_FILE).is_file():
+            grammars = GrammarCompiler(Tokenizer.from_dir(Path(model_dir)), engine.vocab_size)
+        return cls(engine, grammars)
 
     @property
     def max_model_len(self) -> int:
@@ -178,6 +184,9 @@ class AsyncEngine:
         cancellation, break) aborts the request.
         """
         self._engine.check_prompt(prompt_ids)
+        grammar = None
+        if params.grammar is not None:
+            grammar = await self._compile(params)
         stream = OutputStream(asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
             if self._state is not _State.RUNNING:
@@ -189,7 +198,7 @@ class AsyncEngine:
                 raise EngineOverloaded(self._retry_after_s(num_waiting))
             self._streams[request_id] = stream
             self._num_queued += 1
-            self._commands.append(Add(request_id, list(prompt_ids), params, stream))
+            self._commands.append(Add(request_id, list(prompt_ids), params, stream, grammar))
             self._cond.notify()
         finished = False
         try:
@@ -203,6 +212,17 @@ class AsyncEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    async def _compile(self, params: SamplingParams) -> object:
+        """`params.grammar` compiled: from the cache, else in a worker thread (GrammarError,
+        a ValueError, where it does not compile)."""
+        assert params.grammar is not None
+        if self._grammars is None:
+            raise ValueError("this engine has no grammar compiler: structured output is off")
+        compiled = self._grammars.cached(params.grammar)
+        if compiled is None:
+            compiled = await asyncio.to_thread(self._grammars.compile, params.grammar)
+        return compiled
 
     def abort(self, request_id: str) -> None:
         """Abort a request in flight; no further outputs reach its consumer."""
@@ -293,7 +313,9 @@ class AsyncEngine:
                     deliveries += self._route([output])
                 continue
             try:
-                self._engine.add_request(command.request_id, command.prompt_ids, command.params)
+                self._engine.add_request(
+                    command.request_id, command.prompt_ids, command.params, command.grammar
+                )
             except ValueError as exc:
                 self._reject(command.request_id, command.stream, exc)
             else:

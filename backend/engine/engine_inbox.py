@@ -38,6 +38,7 @@ class Add:
     prompt_ids: list[int]
     params: SamplingParams
     stream: OutputStream
+    grammar: object | None = None  # params.grammar compiled
 
 
 @dataclass(frozen=True, slots=True)

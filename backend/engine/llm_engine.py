@@ -133,13 +133,21 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
 
     def add_request(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        grammar: object | None = None,
     ) -> None:
-        """Queue a request; unset temperature / top_p take the checkpoint's defaults."""
+        """Queue a request; unset temperature / top_p take the checkpoint's defaults. `grammar`:
+        `params.grammar` compiled (`GrammarCompiler`), required when that is set."""
         self.check_prompt(prompt_ids)
         if request_id in self._requests:
             raise ValueError(f"duplicate request id {request_id!r}")
-        seq = Request(request_id, list(prompt_ids), params.with_defaults(self._sampling_defaults))
+        if (params.grammar is None) != (grammar is None):
+            raise ValueError("a grammar constraint needs its compiled grammar, and only then")
+        defaults = params.with_defaults(self._sampling_defaults)
+        seq = Request(request_id, list(prompt_ids), defaults, grammar)
         self.scheduler.add(seq)
         self._requests[request_id] = _Tracked(seq)
 

@@ -29,10 +29,15 @@ class Request:
     params set a reasoning budget); `in_reasoning` turns False at the end-of-thinking token.
     `draft_token_ids`: tokens the MTP layer proposed to follow `token_ids`, not yet verified
     (never part of `token_ids`, never counted as computed).
+    `grammar`: the compiled grammar of `params.grammar` (opaque here; the runner's masks read it).
     """
 
     def __init__(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        grammar: object | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("a prompt needs at least one token")
@@ -50,6 +55,7 @@ class Request:
         self.in_reasoning = params.max_reasoning_tokens is not None
         self.num_reasoning_tokens = 0
         self.draft_token_ids: list[int] = []
+        self.grammar = grammar
 
     def __repr__(self) -> str:
         return (

@@ -18,6 +18,7 @@ import torch
 
 from backend.engine.drafter import Drafter, DraftTarget
 from backend.engine.engine_config import EngineConfig, cache_bytes_per_block
+from backend.engine.grammar import GrammarMasks, GrammarRow
 from backend.engine.request import Request
 from backend.engine.sampler import (
     Sampler,
@@ -94,6 +95,7 @@ class ModelRunner:
         self.drafter = Drafter(model, self.cache, self.sampler) if mtp else None
         self._generators: dict[str, torch.Generator] = {}
         self._draft_probs: dict[str, torch.Tensor] = {}
+        self.grammar = GrammarMasks()
         pool = {
             "kv_blocks": self.num_blocks,
             "block_size": self.block_size,
@@ -164,6 +166,7 @@ class ModelRunner:
         """Forget a finished or aborted request's generator and draft distribution."""
         self._generators.pop(request_id, None)
         self._draft_probs.pop(request_id, None)
+        self.grammar.release(request_id)
 
     def build_batch(self, scheduled: Sequence[ScheduledSeq]) -> ForwardBatch:
         """The step's flat batch: ids, positions and slots of every new token, once per step."""
@@ -216,6 +219,7 @@ class ModelRunner:
         starts = [0]
         for item in items:
             starts.append(starts[-1] + 1 + item.num_lookahead)
+        raw_logits = self._mask(logits, items, starts)
         emitted: list[list[int]] = [[] for _ in items]
         if plain:
             at = torch.tensor([starts[i] for i in plain], dtype=torch.long, device=self.device)
@@ -250,7 +254,8 @@ class ModelRunner:
                 [t for i in wanted for t in emitted[i]], dtype=torch.long, device=self.device
             )
             at = torch.tensor(at_rows, dtype=torch.long, device=self.device)
-            entries = self.sampler.logprobs(logits[at], chosen, [sample_rows[r] for r in at_rows])
+            rows_of = [sample_rows[r] for r in at_rows]
+            entries = self.sampler.logprobs(raw_logits[at], chosen, rows_of)
             position = 0
             for i in wanted:
                 count = len(emitted[i])
@@ -258,6 +263,31 @@ class ModelRunner:
                 position += count
         stats = SpecStepStats(num_verified, num_accepted, len(checked))
         return emitted, logprobs, stats
+
+    def _mask(
+        self, logits: torch.Tensor, items: list[ScheduledSeq], starts: list[int]
+    ) -> torch.Tensor:
+        """Mask constrained rows of logits [R, V] in place to what their grammars allow; returns
+        the logits as the model gave them (for logprobs: a copy when a masked row wants them)."""
+        rows = [
+            GrammarRow(
+                item.seq.request_id,
+                item.seq.grammar,
+                item.seq.params.grammar_after,
+                item.seq.output_token_ids,
+                item.draft_token_ids,
+                starts[i],
+            )
+            for i, item in enumerate(items)
+            if item.seq.grammar is not None
+        ]
+        if not rows:
+            return logits
+        raw = logits
+        if any(item.seq.params.logprobs and item.seq.grammar is not None for item in items):
+            raw = logits.clone()
+        self.grammar.apply(logits, rows)
+        return raw
 
     def _verify(self, item: ScheduledSeq, target: torch.Tensor | list[int]) -> list[int]:
         """target: the target's tokens (greedy) or distributions [1 + k, V] at the last token

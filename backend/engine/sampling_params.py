@@ -25,6 +25,9 @@ class SamplingParams:
     prompt opened it) and holds at most that many reasoning tokens, the end-of-thinking token
     included: when the budget is one short, the engine appends `reasoning_end_token_id` itself
     instead of sampling, and the answer follows.
+    `grammar`: the output's constraint (`backend.text.structured.Constraint.text`), enforced by
+    masking the logits; it applies once `grammar_after`'s tokens have appeared in the output, in
+    order (the end of thinking, say), so what comes before them is free.
     """
 
     temperature: float | None = None
@@ -43,6 +46,8 @@ class SamplingParams:
     ignore_eos: bool = False
     max_reasoning_tokens: int | None = None
     reasoning_end_token_id: int | None = None
+    grammar: str | None = None
+    grammar_after: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature is not None and not (
@@ -75,6 +80,8 @@ class SamplingParams:
             raise ValueError("max_reasoning_tokens and reasoning_end_token_id go together")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
+        if any(t < 0 for t in self.grammar_after):
+            raise ValueError("grammar_after must hold token ids")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs")
 

@@ -158,6 +158,7 @@ class Tokenizer:
         self._plain.pre_tokenizer = self._full.pre_tokenizer
         decoder = self._full.get_added_tokens_decoder()
         self._special_ids = frozenset(i for i, t in decoder.items() if t.special)
+        self.added_token_ids: frozenset[int] = frozenset(decoder)  # role, tool and control tokens
         self._added = _AddedTokenText({t.content: i for i, t in decoder.items()})
         self.vocab_size: int = self._full.get_vocab_size(with_added_tokens=True)
         self._alphabet = _byte_level_chars()

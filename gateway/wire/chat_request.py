@@ -46,6 +46,7 @@ class _FunctionDef(BaseModel):
     name: str = Field(min_length=1, max_length=128)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class _ToolIn(BaseModel):
@@ -196,7 +197,12 @@ def parse_chat(data: Any, request_id: str) -> tuple[ChatBody, ChatRequest]:
             body, body.max_completion_tokens or body.max_tokens, body.logprobs, body.top_logprobs
         ),
         tools=tuple(
-            Tool(t.function.name, t.function.description, t.function.parameters)
+            Tool(
+                t.function.name,
+                t.function.description,
+                t.function.parameters,
+                t.function.strict is True,
+            )
             for t in body.tools or ()
         ),
         tool_choice=body.tool_choice,

@@ -230,7 +230,8 @@ def _tools(raw: list[dict[str, Any]] | None) -> tuple[Tool, ...]:
         if not isinstance(schema, dict):
             raise _bad(f"tools.{i}.input_schema", "expected a JSON schema object.")
         description = spec.get("description")
-        tools.append(Tool(name, description if isinstance(description, str) else None, schema))
+        text = description if isinstance(description, str) else None
+        tools.append(Tool(name, text, schema, spec.get("strict") is True))
     return tuple(tools)
 
 

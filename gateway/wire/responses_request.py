@@ -119,6 +119,7 @@ class _ToolTable:
                 flat,
                 description if isinstance(description, str) else None,
                 parameters if isinstance(parameters, dict) else None,
+                spec.get("strict") is True,
             )
         )
         self.names[flat] = ToolName(name, namespace)

@@ -11,7 +11,10 @@ A consumer that stops iterating (client gone) aborts the engine request in a `fi
 frees its KV blocks at the engine's next step. The engine is the in-process `AsyncEngine`, or
 worker 0's reached over a socket (`providers.local.worker_engine`): the provider tokenizes, parses
 and counts here either way.
-Not enforced: tool_choice other than "none" (which drops the tools), and response_format.
+Structured output: `response_format` (JSON mode, JSON Schema), `tool_choice` required or
+named, and `strict` tools are enforced by the engine's grammar while sampling
+(backend/text/structured.py says what each asks and how `strict: false` is treated); the
+grammar starts after the reasoning. What it cannot enforce is an InvalidRequest naming the part.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from backend.engine.interface import (
 )
 from backend.engine.sampling_params import SamplingParams
 from backend.text.chat_template import ChatFormatError, UnsupportedContent
+from backend.text.structured import ConstraintError, build_constraint, grammar_starts_after
 from backend.text.tokenizer import Tokenizer
 from providers.base import ModelCard
 from providers.errors import InvalidRequest, Overloaded, UpstreamUnavailable
@@ -176,6 +180,8 @@ class LocalProvider:
                 if output.finished:
                     engine_reason = output.finish_reason
                     break
+        except ConstraintError as exc:  # the engine could not compile the output's grammar
+            raise InvalidRequest(str(exc), provider=self.name, param=exc.param) from None
         except EngineOverloaded as exc:
             raise Overloaded(
                 "The local engine is at capacity; try again shortly.",
@@ -297,6 +303,7 @@ class LocalProvider:
         s = request.sampling
         budget = s.max_reasoning_tokens if prompt.opens_reasoning else None
         think_end = None if budget is None else self._tokenizer.special.think_end
+        grammar, after = self._grammar(request, prompt)
         try:
             params = SamplingParams(
                 temperature=s.temperature,
@@ -313,10 +320,31 @@ class LocalProvider:
                 top_logprobs=s.top_logprobs or 0,
                 max_reasoning_tokens=budget,
                 reasoning_end_token_id=think_end,
+                grammar=grammar,
+                grammar_after=after,
             )
         except ValueError as exc:
             raise InvalidRequest(str(exc), provider=self.name) from None
         return params
+
+    def _grammar(
+        self, request: ChatRequest, prompt: PreparedPrompt
+    ) -> tuple[str | None, tuple[int, ...]]:
+        """The output's constraint (text for SamplingParams.grammar) and the tokens it waits for;
+        a chat request only (a legacy completion takes no format)."""
+        if not prompt.parse:
+            return None, ()
+        tools = [(t.name, t.parameters, t.strict) for t in request.tools]
+        try:
+            constraint = build_constraint(
+                request.response_format, tools, request.tool_choice, request.parallel_tool_calls
+            )
+        except ConstraintError as exc:
+            raise InvalidRequest(str(exc), provider=self.name, param=exc.param) from None
+        if constraint is None:
+            return None, ()
+        special = self._tokenizer.special
+        return constraint.text, grammar_starts_after(constraint, special, prompt.opens_reasoning)
 
     @staticmethod
     def _finish_reason(engine_reason: str, translator: TokenTranslator) -> FinishReason:

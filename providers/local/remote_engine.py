@@ -36,7 +36,7 @@ from plumbing.record import record
 GENERATE_PATH = "/internal/engine/generate"
 SECRET_HEADER = "x-node-secret"
 _PARAM_FIELDS = {f.name for f in fields(SamplingParams)}
-_TUPLE_PARAMS = ("stop", "stop_token_ids")
+_TUPLE_PARAMS = ("stop", "stop_token_ids", "grammar_after")
 
 
 class PeerUnreachable(EngineClosed):

@@ -80,6 +80,7 @@ def build_messages_body(request: ChatRequest, *, stream: bool) -> dict[str, Any]
                 "name": t.name,
                 **({"description": t.description} if t.description else {}),
                 "input_schema": t.parameters or {"type": "object", "properties": {}},
+                **({"strict": True} if t.strict else {}),
             }
             for t in request.tools
         ]

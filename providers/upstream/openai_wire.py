@@ -102,7 +102,9 @@ def build_body(
     if sampling.stop:
         body["stop"] = list(sampling.stop)
     if request.tools:
-        body["tools"] = [_tool(t.name, t.description, t.parameters) for t in request.tools]
+        body["tools"] = [
+            _tool(t.name, t.description, t.parameters, t.strict) for t in request.tools
+        ]
     if request.tool_choice is not None:
         body["tool_choice"] = request.tool_choice
     if request.parallel_tool_calls is not None:
@@ -132,12 +134,16 @@ def _message(message: Message, send_reasoning: bool) -> dict[str, Any]:
     return out
 
 
-def _tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict[str, Any]:
+def _tool(
+    name: str, description: str | None, parameters: dict[str, Any] | None, strict: bool
+) -> dict[str, Any]:
     function: dict[str, Any] = {"name": name}
     if description is not None:
         function["description"] = description
     if parameters is not None:
         function["parameters"] = parameters
+    if strict:  # the client's ask, passed through for the upstream to enforce
+        function["strict"] = True
     return {"type": "function", "function": function}
 
 

@@ -263,10 +263,12 @@ async def test_a_request_the_engine_refuses_fails_alone(
     sync_engine = engine._engine
     add_request = sync_engine.add_request
 
-    def refuse_odd(request_id: str, prompt: list[int], params: SamplingParams) -> None:
+    def refuse_odd(
+        request_id: str, prompt: list[int], params: SamplingParams, grammar: object = None
+    ) -> None:
         if request_id == "odd":
             raise ValueError("refused by the engine")
-        add_request(request_id, prompt, params)
+        add_request(request_id, prompt, params, grammar)
 
     monkeypatch.setattr(sync_engine, "add_request", refuse_odd)
     refused, served = await asyncio.gather(
