@@ -36,7 +36,9 @@ from backend.engine.sampler import (
 )
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
 from backend.engine.spec_decode import greedy_verify, rejection_sample
-from backend.model.cache import ForwardBatch, PagedLatentCache
+from backend.kernels.mla_decode import block_table_tensor, token_layout
+from backend.model.cache import DecodeTensors, ForwardBatch, PagedLatentCache
+from backend.model.mla import MAX_SHORT_QUERY
 from backend.model.model import DeepseekV3ForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -237,6 +239,12 @@ class ModelRunner:
             # read during this step only; the scheduler changes tables between steps
             block_tables.append(seq.block_table)
         device = self.device
+        decode = None
+        if device.type == "cuda" and max(seq_lens_q) <= MAX_SHORT_QUERY:
+            # the attention kernel's layout, made once a step instead of once a layer
+            token_seq, token_len = token_layout(seq_lens_q, context_lens, device)
+            tables = block_table_tensor(block_tables, device)
+            decode = DecodeTensors(tables, token_seq, token_len, max(context_lens))
         return ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
             positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -244,6 +252,7 @@ class ModelRunner:
             context_lens=context_lens,
             block_tables=block_tables,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            decode=decode,
         )
 
     def _rows_to_sample(
