@@ -5,10 +5,12 @@ moving average of one decode step's tokens per second per sequence: steps that d
 accepted drafts, the bonus token, the wider verifying forward and the MTP layer's time
 included) and plain steps. A bucket first drafts for ``min_samples`` steps, then decodes plain
 for as many, then drafts only while its drafting rate beats its plain rate by ``margin``; every
-``explore_every`` decisions it runs two steps of the losing mode so that a change (acceptance
-falling, a heavier batch mix) is seen. Only steady drafting steps are measured (those that
-verified the drafts of the step before). Its cost against the better mode is bounded by the
-exploring steps: with the defaults, 2 steps in 64 after the measuring steps of each bucket.
+``explore_every`` decisions after a new verdict it runs two steps of the losing mode so that a
+change (acceptance falling, a heavier batch mix) is seen, and twice as long after each such try
+that confirms the verdict (up to ``max_explore_every``). Only steady drafting steps are
+measured (those that verified the drafts of the step before). Its cost against the better
+mode is bounded by the exploring steps: with the defaults, 2 steps in 64 at first and 2 in
+1,024 once settled.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class _Bucket:
     plain: _Rate
     decisions: int = 0
     exploring: int = 0  # steps of the losing mode still to run
+    interval: int = 0  # decisions between explorations (0: not yet set)
+    next_explore: int = 0
+    verdict: bool | None = None  # drafting paid at the last decision
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -52,7 +57,8 @@ class SpecPolicy:
 
     ``min_samples``: steps of each mode measured before comparing; ``margin``: how much faster
     drafting must measure (1.02: 2%) to be chosen, so noise settles on plain decoding;
-    ``explore_every``: decisions between single steps of the losing mode; ``weight``: the
+    ``explore_every``: decisions before the losing mode is tried again after a new verdict,
+    doubled after each try that confirms it, up to ``max_explore_every``; ``weight``: the
     moving averages' weight of a new step.
     """
 
@@ -62,6 +68,7 @@ class SpecPolicy:
         min_samples: int = 4,
         margin: float = 1.02,
         explore_every: int = 64,
+        max_explore_every: int = 1024,
         weight: float = 0.2,
     ) -> None:
         if min_samples < 1 or explore_every < 2 or margin < 1.0 or not 0.0 < weight <= 1.0:
@@ -71,6 +78,7 @@ class SpecPolicy:
         self.min_samples = min_samples
         self.margin = margin
         self.explore_every = explore_every
+        self.max_explore_every = max(explore_every, max_explore_every)
         self.weight = weight
         self._buckets: dict[int, _Bucket] = {}
 
@@ -83,8 +91,14 @@ class SpecPolicy:
         if bucket.plain.samples < self.min_samples:
             return False
         better = self._drafting_pays(bucket)
-        if bucket.decisions % self.explore_every == 0:
+        if better != bucket.verdict:  # a new verdict: look again soon
+            bucket.verdict = better
+            bucket.interval = self.explore_every
+            bucket.next_explore = bucket.decisions + bucket.interval
+        elif bucket.decisions >= bucket.next_explore and not bucket.exploring:
             bucket.exploring = EXPLORE_STEPS
+            bucket.interval = min(2 * bucket.interval, self.max_explore_every)
+            bucket.next_explore = bucket.decisions + bucket.interval
         if bucket.exploring:
             bucket.exploring -= 1
             return not better

@@ -62,7 +62,7 @@ def test_the_losing_mode_is_retried_and_a_change_is_followed() -> None:
     explored = [i for i, d in enumerate(first) if d and i >= 4]
     assert explored and len(explored) <= EXPLORE_STEPS * (40 // 10)  # a bounded share
     # drafting becomes cheap (say, a bigger model): the explored steps see it and it wins
-    later = _feed(policy, 8, 40, drafted_ms=11, plain_ms=10, accepted=0.9)
+    later = _feed(policy, 8, 120, drafted_ms=11, plain_ms=10, accepted=0.9)
     assert sum(later[-20:]) >= 20 - 2 * EXPLORE_STEPS  # drafting now, but for exploring
     assert policy.drafting_pays(8) is True
 
@@ -111,3 +111,12 @@ def test_the_scheduler_asks_the_policy_under_the_cap() -> None:
     for i in range(2, 5):
         scheduler.add(Request(f"r{i}", [1, 2, 3], params))
     assert scheduler.schedule().num_spec_tokens == 0 and asked == [2]  # over the cap: not asked
+
+
+def test_a_settled_verdict_is_tried_less_and_less() -> None:
+    policy = SpecPolicy(min_samples=2, explore_every=8, max_explore_every=64)
+    decisions = _feed(policy, 2, 600, drafted_ms=30, plain_ms=10, accepted=0.5)
+    tries = [i for i, d in enumerate(decisions) if d and i >= 4]
+    starts = [i for i in tries if i - 1 not in tries]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert gaps[:3] == [16, 32, 64] and set(gaps[3:]) == {64}  # doubling, then capped
