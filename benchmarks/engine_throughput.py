@@ -8,7 +8,8 @@
     `--hf-batches`) and extrapolated to 64 requests; the output says so.
 (b) Latency through the gateway (the real app, in process, with the local provider): time to
     first token and time per output token at 1, 8 and 32 concurrent streams.
-(c) Prefill of a 4,096-token prompt cold, and with its first 3,584 tokens in the prefix cache.
+(c) Prefill of a 4,096-token prompt cold, and with its first 3,584 tokens in the prefix cache
+    (read from the paged cache chunk by chunk; beside it the dense path it replaced).
 
 Targets: engine >= 8x HF one-at-a-time, >= 2x HF padded batches; a cached prefix cuts TTFT >= 5x.
 Random weights make the output meaningless but the work identical to a trained model's.
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,7 @@ import torch
 from backend.engine.engine_config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
+from backend.model import mla
 from backend.model.checkpoint import load_generation_config, load_model
 from backend.model.model import DeepseekV3ForCausalLM
 from providers.local.setup import resolve_checkpoint
@@ -102,6 +106,31 @@ def time_to_first_token(engine: LLMEngine, prompt: list[int], device: str) -> tu
             cached = output.num_cached_tokens
     sync(device)
     return time.perf_counter() - started, cached
+
+
+@contextlib.contextmanager
+def dense_prefix_attention() -> Iterator[None]:
+    """The path before chunked prefix attention, for comparison: the whole context gathered
+    from the pool into one dense copy and attended with a [Q, L] mask."""
+    chunked = mla.attention_over_prefix
+
+    def dense(
+        q_nope: torch.Tensor, q_pe: torch.Tensor, own: torch.Tensor, kv: torch.Tensor,
+        table: list[int], num_cached: int, block_size: int, kv_b: torch.Tensor, v_dim: int,
+        scale: float,
+    ) -> torch.Tensor:  # fmt: skip
+        positions = torch.arange(num_cached + own.shape[0], device=kv.device)
+        pages = torch.tensor(table, dtype=torch.long, device=kv.device)[positions // block_size]
+        latents = kv.index_select(0, pages * block_size + positions % block_size)
+        return mla.attention_expanded(
+            q_nope, q_pe, latents.to(q_nope.dtype), kv_b, kv_b.shape[1], v_dim, scale
+        )
+
+    mla.attention_over_prefix = dense  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        mla.attention_over_prefix = chunked
 
 
 def hf_generate(hf: Any, prompts: list[list[int]], device: str, pad_id: int) -> float:
@@ -181,29 +210,44 @@ def offline(args: argparse.Namespace, checkpoint: Path, engine: LLMEngine) -> di
 
 
 def prefix_prefill(args: argparse.Namespace, engine: LLMEngine) -> float:
-    """Best of `REPEATS` cold prefills (fresh prompts) against best of `REPEATS` prefills
-    sharing a cached 3,584-token prefix (fresh suffixes); the first of each path warms it up."""
+    """In `REPEATS` interleaved rounds: a cold prefill (a fresh prompt), a prefill sharing a
+    cached 3,584-token prefix (a fresh suffix), and the same over the dense path it replaced;
+    the best of each (the first round of each warms it up). On the CPU also the process's CPU
+    seconds, steadier than wall time on a shared machine. Returns the cut of the best times."""
     rng = random.Random(1)
+    on_cpu = args.device == "cpu"
 
     def fresh(n: int) -> list[int]:
         return [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
 
-    cold = [time_to_first_token(engine, fresh(LONG_PROMPT), args.device) for _ in range(REPEATS)]
+    def timed(prompt: list[int]) -> tuple[float, float, int]:
+        cpu = time.process_time()
+        wall, cached = time_to_first_token(engine, prompt, args.device)
+        return wall, time.process_time() - cpu, cached
+
     prefix = fresh(CACHED_PREFIX)
-    time_to_first_token(engine, prefix + fresh(LONG_PROMPT - CACHED_PREFIX), args.device)
-    warm = [
-        time_to_first_token(engine, prefix + fresh(LONG_PROMPT - CACHED_PREFIX), args.device)
-        for _ in range(REPEATS)
-    ]
-    cold_s, cold_cached = min(cold)
-    warm_s, warm_cached = min(warm)
-    print(
-        f"(c) prefill {LONG_PROMPT} tokens, best of {REPEATS}: cold {cold_s * 1000:.1f} ms "
-        f"({cold_cached} cached; all: {', '.join(f'{t * 1000:.0f}' for t, _ in cold)} ms), "
-        f"with cached prefix {warm_s * 1000:.1f} ms ({warm_cached} cached; all: "
-        f"{', '.join(f'{t * 1000:.0f}' for t, _ in warm)} ms)"
-    )
-    return cold_s / warm_s
+    suffix = LONG_PROMPT - CACHED_PREFIX
+    time_to_first_token(engine, prefix + fresh(suffix), args.device)
+    cold, warm, dense = [], [], []
+    for _ in range(REPEATS + 1):
+        cold.append(timed(fresh(LONG_PROMPT)))
+        warm.append(timed(prefix + fresh(suffix)))
+        with dense_prefix_attention():
+            dense.append(timed(prefix + fresh(suffix)))
+    rows = {"cold": cold[1:], "cached prefix": warm[1:], "cached prefix, dense path": dense[1:]}
+    best = {name: min(runs) for name, runs in rows.items()}
+    cpu_best = {name: min(run[1] for run in runs) for name, runs in rows.items()}
+    print(f"(c) prefill {LONG_PROMPT} tokens ({CACHED_PREFIX} cached), best of {REPEATS}:")
+    for name, runs in rows.items():
+        cpu = f", CPU {cpu_best[name] * 1000:.0f} ms" if on_cpu else ""
+        print(
+            f"    {name}: {best[name][0] * 1000:.1f} ms{cpu} ({best[name][2]} cached; all: "
+            f"{', '.join(f'{run[0] * 1000:.0f}' for run in runs)} ms)"
+        )
+    for name in ("cached prefix", "cached prefix, dense path"):
+        cpu = f", CPU time {cpu_best['cold'] / cpu_best[name]:.2f}x" if on_cpu else ""
+        print(f"    cut, {name}: {best['cold'][0] / best[name][0]:.2f}x{cpu}")
+    return best["cold"][0] / best["cached prefix"][0]
 
 
 async def stream_once(

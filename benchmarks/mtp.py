@@ -6,7 +6,9 @@
 For each batch size and round: as many prompts (32-token windows of the Python standard library's
 source, which the demo model was trained on; new ones each round, since acceptance depends on the
 text), greedy, EOS ignored, decoded three ways: plain (speculation off), speculation forced on
-every step, and the engine's policy (on up to `spec_max_batch_size` from the engine's defaults).
+every step, and the engine's policy (its defaults: `spec_policy = "measured"`, which drafts at a
+batch size only while its drafting steps measure faster there; the policy's engine keeps what it
+learnt from round to round, as a serving engine would).
 The three alternate in `--rounds` rounds in this one process (the order rotates each round), so a
 slow spell of the machine hits all of them; every figure is a median over the rounds, speedups
 the median of the rounds' paired ratios. Each decode phase (after every request has its first
@@ -203,14 +205,15 @@ def main() -> None:
     )
     configs = {
         "plain": replace(base, spec_enabled=False),
-        "spec": replace(base, spec_max_batch_size=None),
+        "spec": replace(base, spec_max_batch_size=None, spec_policy="fixed"),
         "policy": base,
     }
     engines = {name: build(model, args.checkpoint, configs[name]) for name in MODES}
     print(
         f"{args.checkpoint} on {args.device} ({args.dtype}, {args.threads or 'default'} "
         f"thread(s)), {args.spec_tokens} draft token(s), {args.output_tokens} output tokens per "
-        f"request, policy threshold {base.spec_max_batch_size}, medians of {args.rounds} rounds"
+        f"request, policy {base.spec_policy} (cap {base.spec_max_batch_size}), medians of "
+        f"{args.rounds} rounds"
     )
     print(
         f"{'batch':>5} {'plain tok/s':>11} {'spec tok/s':>10} {'accept':>6} {'len':>5} "

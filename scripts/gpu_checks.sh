@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# The engine's checks that need a CUDA GPU, in one run, most important first, each under its own
+# The engine's checks that need a CUDA GPU, in one run of at most 10 minutes (BUDGET_S, default
+# 570 s: each step's limit is cut to what is left), most important first, each under its own
 # time limit so that one that hangs leaves time for the rest:
-#   1. the Triton kernels against their torch references, on the GPU;
-#   2. the parallel engine with CUDA tensors (ranks share the GPU over gloo), with tensor- and
+#   1. benchmarks/decode_graphs.py: the V3.1 slice's decode steps op by op and from CUDA graphs,
+#      against the bandwidth floor (batch 1, 8 and 64 over 4K contexts; MTP verify steps);
+#   2. the Triton kernels against their torch references, on the GPU, with the decode graphs'
+#      and the chunked prefix attention's tests (captured graphs replay the eager tokens);
+#   3. benchmarks/engine_throughput.py part (c): a 4,096-token prompt cold and with 3,584 tokens
+#      cached (chunked prefix attention, and the dense path beside it);
+#   4. benchmarks/mtp.py in bf16 on the GPU (needs a trained checkpoint: MTP_CHECKPOINT), with
+#      the measured speculation policy;
+#   5. benchmarks/kernels.py at DeepSeek-V3.1's widths, against the H200's limits;
+#   6. the parallel engine with CUDA tensors (ranks share the GPU over gloo), with tensor- and
 #      with data-parallel attention;
-#   3. benchmarks/kernels.py at DeepSeek-V3.1's widths, against the H200's limits;
-#   4. benchmarks/kernel_tiles.py: each kernel's tile sizes swept at those widths;
-#   5. benchmarks/mtp.py in bf16 on the GPU (needs a trained checkpoint: MTP_CHECKPOINT);
-#   6. benchmarks/engine_throughput.py in bf16 on the GPU (offline and prefix parts).
-# STEPS names the steps to run (default: all of them, by the names below). Each writes its log
+#   7. benchmarks/kernel_tiles.py (not in the default STEPS: a sweep of its own).
+# STEPS names the steps to run (default: 1-6, by the names below). Each writes its log
 # to $LOGS (default .data/gpu-checks); the exit status counts the failures.
 # Runs with the machine's own python3 and packages (PYTHON overrides): only pytest, torch,
 # triton and transformers are needed beyond the repository; SITE_WHEELS names a folder of extra
@@ -27,12 +33,20 @@ if [[ -n "${SITE_WHEELS:-}" ]]; then
     export PYTHONPATH=/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-steps=${STEPS:-kernel-tests parallel-cuda-tests parallel-dp-cuda-tests kernel-benchmark kernel-tiles mtp-benchmark engine-benchmark}
+steps=${STEPS:-decode-graphs kernel-tests engine-benchmark mtp-benchmark kernel-benchmark parallel-cuda-tests parallel-dp-cuda-tests}
+budget=${BUDGET_S:-570}
 
 step() {  # step NAME SECONDS COMMAND...: run, log, report the time and the exit status
     local name=$1 limit=$2
     shift 2
     [[ " $steps " == *" $name "* ]] || return 0
+    local left=$((budget - SECONDS))
+    if ((left < 20)); then
+        echo "=== $name: skipped, ${left} s of the budget left"
+        failures=$((failures + 1))
+        return 0
+    fi
+    ((limit > left)) && limit=$left
     local start=$SECONDS
     echo "=== $name (limit ${limit} s)"
     timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
@@ -53,18 +67,20 @@ ini=$(mktemp --suffix=.ini)
 printf '[pytest]\nmarkers =\n    slow: s\n    triton: t\ntimeout = 300\n' >"$ini"
 pytest_args=(-c "$ini" --rootdir . --confcutdir tests/backend -p no:cacheprovider -q -rfEs)
 
-step kernel-tests 240 "$py" -m pytest "${pytest_args[@]}" tests/backend/kernels
-step parallel-cuda-tests 180 "$py" -m pytest "${pytest_args[@]}" tests/backend/test_parallel_cuda.py
-step parallel-dp-cuda-tests 180 "$py" -m pytest "${pytest_args[@]}" tests/backend/test_parallel_dp_cuda.py
-step kernel-benchmark 180 "$py" benchmarks/kernels.py
-step kernel-tiles 300 "$py" benchmarks/kernel_tiles.py --budget-s 200
+step decode-graphs 150 "$py" -m benchmarks.decode_graphs
+step kernel-tests 150 "$py" -m pytest "${pytest_args[@]}" tests/backend/kernels \
+    tests/backend/test_graph_runner.py tests/backend/test_mla_prefix.py
+step engine-benchmark 120 "$py" -m benchmarks.engine_throughput --device cuda --parts c
 if [[ -f "$mtp_checkpoint/config.json" ]]; then
-    step mtp-benchmark 150 "$py" -m benchmarks.mtp "$mtp_checkpoint" --device cuda \
+    step mtp-benchmark 120 "$py" -m benchmarks.mtp "$mtp_checkpoint" --device cuda \
         --dtype bfloat16 --rounds 5 --threads 0
 else
     echo "=== mtp-benchmark: no trained checkpoint at $mtp_checkpoint, skipped"
 fi
-step engine-benchmark 180 "$py" -m benchmarks.engine_throughput --device cuda --parts ac
+step kernel-benchmark 120 "$py" benchmarks/kernels.py
+step parallel-cuda-tests 90 "$py" -m pytest "${pytest_args[@]}" tests/backend/test_parallel_cuda.py
+step parallel-dp-cuda-tests 90 "$py" -m pytest "${pytest_args[@]}" tests/backend/test_parallel_dp_cuda.py
+step kernel-tiles 300 "$py" benchmarks/kernel_tiles.py --budget-s 200
 
 echo "=== failures: $failures"
 exit "$failures"

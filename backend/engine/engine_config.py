@@ -47,7 +47,11 @@ class EngineConfig:
     Speculative decoding with the checkpoint's MTP layer (used only when it has one):
     `spec_enabled` turns it on, `spec_num_tokens` drafts per step (1 to 3: the layer feeds its
     own output for more than one), `spec_max_batch_size` is the largest expected batch a step
-    still drafts for (above it drafting costs more than it saves; None: always).
+    may draft for (None: no cap), `spec_policy` "measured" drafts at a batch size only while
+    drafting measures faster there (``spec_policy.SpecPolicy``), "fixed" always under the cap.
+
+    Decode steps run padded to batch buckets over static buffers, captured as CUDA graphs on a
+    GPU (`decode_graphs`, up to `decode_graph_max_batch` sequences; ``graph_runner``).
     """
 
     max_num_seqs: int = _knob(32, "Most sequences running in one step.")
@@ -96,9 +100,26 @@ class EngineConfig:
         1, "Draft tokens per step, 1 to 3 (the MTP layer feeds its own output for more than one)."
     )
     spec_max_batch_size: int | None = _knob(
-        1,
-        "The largest expected batch (running plus waiting) a step still drafts for; unset: "
-        "always draft.",
+        None,
+        "The largest expected batch (running plus waiting) a step may draft for; unset: "
+        "no cap (the policy decides at every batch).",
+    )
+    spec_policy: str = _knob(
+        "measured",
+        "`measured`: a batch size drafts only while its drafting steps, timed on this "
+        "device, emit tokens faster than its plain steps; `fixed`: every batch up to "
+        "`spec_max_batch_size` drafts.",
+    )
+    decode_graphs: str = _knob(
+        "auto",
+        "Decode steps under CUDA graphs, one per batch-size bucket, captured at start-up: "
+        "`auto` (on a CUDA device, one rank or NCCL ranks), `on` (static buffers and bucket "
+        "padding on every device; capture only on CUDA), `off` (every step launched op by op).",
+    )
+    decode_graph_max_batch: int = _knob(
+        64,
+        "The largest decode batch run from a captured graph (buckets 1, 2, 4, 8, then every "
+        "8 up to it, at most `max_num_seqs`); larger batches run eagerly.",
     )
     tensor_parallel: int = _knob(
         1,
@@ -170,6 +191,8 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu, cuda[:N] or mps, got {self.device!r}")
         if not 1 <= self.spec_num_tokens <= MAX_SPEC_TOKENS:
             raise ValueError(f"spec_num_tokens must be in [1, {MAX_SPEC_TOKENS}]")
+        if self.spec_policy not in ("measured", "fixed"):
+            raise ValueError(f"spec_policy must be measured or fixed, got {self.spec_policy!r}")
         if self.spec_max_batch_size is not None and self.spec_max_batch_size < 1:
             raise ValueError("spec_max_batch_size must be positive or None")
         if self.spec_enabled and self.max_batch_tokens < self.max_num_seqs * (
@@ -179,6 +202,10 @@ class EngineConfig:
                 f"max_batch_tokens {self.max_batch_tokens} must cover a decode and its "
                 f"{self.spec_num_tokens} drafts for each of max_num_seqs {self.max_num_seqs}"
             )
+        if self.decode_graphs not in ("auto", "on", "off"):
+            raise ValueError(f"decode_graphs must be auto, on or off, got {self.decode_graphs!r}")
+        if self.decode_graph_max_batch < 1:
+            raise ValueError("decode_graph_max_batch must be positive")
         self._check_parallel()
 
     def _check_parallel(self) -> None:

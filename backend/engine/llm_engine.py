@@ -18,6 +18,7 @@ from backend.engine.request import FinishReason, Request
 from backend.engine.runner import ModelRunner, SpecStepStats
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import Scheduler, SchedulerOutput
+from backend.engine.spec_policy import SpecPolicy
 from backend.model.checkpoint import GenerationDefaults
 from backend.model.model import DeepseekV3ForCausalLM
 
@@ -86,6 +87,9 @@ class LLMEngine:
         self.max_model_len = max_model_len(
             config, model.config, num_blocks, Scheduler.num_lookahead_slots(self.num_spec_tokens)
         )
+        self.spec_policy = (
+            SpecPolicy() if self.num_spec_tokens and config.spec_policy == "measured" else None
+        )
         eos_ids = set(defaults.eos_token_ids)
         if model.config.eos_token_id is not None:
             eos_ids.add(model.config.eos_token_id)
@@ -98,6 +102,12 @@ class LLMEngine:
             eos_token_ids=eos_ids,
             num_lookahead=self.num_spec_tokens,
             spec_max_batch_size=config.spec_max_batch_size,
+            draft_policy=self.spec_policy.should_draft if self.spec_policy else None,
+        )
+        self.graph_report = self.runner.setup_decode_graphs(
+            config,
+            self.max_model_len + Scheduler.num_lookahead_slots(self.num_spec_tokens),
+            self.num_spec_tokens,
         )
         self._sampling_defaults = {"temperature": defaults.temperature, "top_p": defaults.top_p}
         self._requests: dict[str, _Tracked] = {}
@@ -189,6 +199,13 @@ class LLMEngine:
         self._batched_tokens += self._last_batch_tokens
         self._batched_seqs += self._last_batch_seqs
         self._last_step_seconds = time.perf_counter() - started
+        if self.spec_policy is not None and _is_decode_step(scheduled):
+            drafted = scheduled.num_spec_tokens > 0
+            if not drafted or result.spec.num_verifications:  # steady drafting steps only
+                tokens = sum(len(tokens) for tokens in result.sampled_tokens)
+                self.spec_policy.observe(
+                    len(scheduled.scheduled), drafted, tokens, self._last_step_seconds
+                )
         return outputs
 
     def close(self) -> None:
@@ -271,3 +288,8 @@ class LLMEngine:
             num_cached_tokens=request.num_cached_tokens or 0,
             logprobs=logprobs,
         )
+
+
+def _is_decode_step(scheduled: SchedulerOutput) -> bool:
+    """Every sequence of the step decodes (one new token, its drafts aside)."""
+    return all(item.num_new_tokens == 1 and item.samples for item in scheduled.scheduled)

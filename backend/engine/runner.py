@@ -19,6 +19,14 @@ import torch
 from backend.engine.drafter import Drafter, DraftTarget
 from backend.engine.engine_config import EngineConfig, cache_bytes_per_block
 from backend.engine.grammar import GrammarMasks, GrammarRow
+from backend.engine.graph_runner import (
+    DecodeBuffers,
+    DecodeGraphRunner,
+    GraphReport,
+    bucket_sizes,
+    graph_modes,
+    num_pad_blocks,
+)
 from backend.engine.request import Request
 from backend.engine.sampler import (
     Sampler,
@@ -29,7 +37,9 @@ from backend.engine.sampler import (
 )
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
 from backend.engine.spec_decode import greedy_verify, rejection_sample
-from backend.model.cache import ForwardBatch, PagedLatentCache
+from backend.kernels.mla_decode import block_table_tensor, token_layout
+from backend.model.cache import DecodeTensors, ForwardBatch, PagedLatentCache
+from backend.model.mla import MAX_SHORT_QUERY
 from backend.model.model import DeepseekV3ForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -83,9 +93,14 @@ class ModelRunner:
         self.device = model.device
         mtp = model.num_mtp_layers > 0
         self.num_blocks = num_blocks
+        self._pad_decodes, self._capture_graphs = graph_modes(config, self.device)
+        # padded decode steps write and read only these blocks, past the block manager's
+        num_pad = num_pad_blocks(config.block_size) if self._pad_decodes else 0
+        self.pad_blocks = list(range(num_blocks, num_blocks + num_pad))
+        self.graphs: DecodeGraphRunner | None = None
         self.cache = PagedLatentCache(
             num_layers=model.num_cache_layers,
-            num_blocks=self.num_blocks,
+            num_blocks=self.num_blocks + num_pad,
             block_size=config.block_size,
             latent_dim=model.config.latent_dim,
             dtype=config.torch_dtype,
@@ -108,6 +123,34 @@ class ModelRunner:
             "dtype": config.dtype,
         }
         logger.info("latent pool: %s", " ".join(f"{k}={v}" for k, v in pool.items()), extra=pool)
+
+    def setup_decode_graphs(
+        self, config: EngineConfig, max_context: int, num_spec_tokens: int
+    ) -> GraphReport | None:
+        """Static buffers for decode steps padded to their batch bucket (sequences of up to
+        ``max_context`` tokens, drafts included), captured as CUDA graphs on a GPU; None when
+        this engine runs every step eagerly."""
+        if not self._pad_decodes:
+            return None
+        buckets = bucket_sizes(config.decode_graph_max_batch, config.max_num_seqs)
+        q_lens = (1, 1 + num_spec_tokens) if num_spec_tokens else (1,)
+        buffers = DecodeBuffers(
+            max_seqs=buckets[-1],
+            max_q=max(q_lens),
+            max_blocks=-(-max_context // self.block_size),
+            block_size=self.block_size,
+            pad_blocks=self.pad_blocks,
+            max_len=max_context,
+            device=self.device,
+        )
+        self.graphs = DecodeGraphRunner(
+            self.model, self.cache, buffers, buckets, q_lens, capture=self._capture_graphs
+        )
+        report = self.graphs.capture()
+        fields = report.log_fields()
+        logger.info("decode graphs: %s", " ".join(f"{k}={v}" for k, v in fields.items()),
+                    extra=fields)  # fmt: skip
+        return report
 
     @property
     def num_tokens_capacity(self) -> int:
@@ -140,7 +183,7 @@ class ModelRunner:
         with torch.inference_mode():
             if samplers:
                 rows, sample_rows = self._rows_to_sample(samplers, first_rows)
-                hidden, logits = self.model.forward_with_logits(batch, self.cache, rows)
+                hidden, logits = self._forward_with_logits(batch, rows)
                 emitted, emitted_logprobs, verify = self._sample(logits, samplers, sample_rows)
                 position = 0
                 for i, item in enumerate(scheduled):
@@ -161,6 +204,17 @@ class ModelRunner:
                 draft_seconds=time.perf_counter() - started,
             )
         return RunnerOutput(sampled_tokens, logprobs, drafts, spec)
+
+    def _forward_with_logits(
+        self, batch: ForwardBatch, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [T, D] and the logits [R, vocab] of ``rows``: a decode step padded to its
+        bucket (replayed from its graph where captured), any other step eagerly."""
+        if self.graphs is not None:
+            bucket = self.graphs.bucket_for(batch, int(rows.numel()))
+            if bucket is not None:
+                return self.graphs.run(batch, bucket)
+        return self.model.forward_with_logits(batch, self.cache, rows)
 
     def release(self, request_id: str) -> None:
         """Forget a finished or aborted request's generator and draft distribution."""
@@ -188,6 +242,12 @@ class ModelRunner:
             # read during this step only; the scheduler changes tables between steps
             block_tables.append(seq.block_table)
         device = self.device
+        decode = None
+        if device.type == "cuda" and max(seq_lens_q) <= MAX_SHORT_QUERY:
+            # the attention kernel's layout, made once a step instead of once a layer
+            token_seq, token_len = token_layout(seq_lens_q, context_lens, device)
+            tables = block_table_tensor(block_tables, device)
+            decode = DecodeTensors(tables, token_seq, token_len, max(context_lens))
         return ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
             positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -195,6 +255,7 @@ class ModelRunner:
             context_lens=context_lens,
             block_tables=block_tables,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            decode=decode,
         )
 
     def _rows_to_sample(

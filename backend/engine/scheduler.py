@@ -21,7 +21,7 @@ unverified token, so the prefix cache never registers one.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from backend.engine.blocks import BlockPool
@@ -78,7 +78,8 @@ class Scheduler:
     Without chunked prefill a whole (re)computed sequence must fit one step's budget.
     `eos_token_ids` stop a sequence unless its params say `ignore_eos`. `num_lookahead`: draft
     tokens per step (0: no speculation); `spec_max_batch_size`: the largest expected batch that
-    still drafts (None: any).
+    may draft (None: any); `draft_policy`, given the expected batch, decides under that cap
+    (None: always draft).
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class Scheduler:
         eos_token_ids: Iterable[int],
         num_lookahead: int = 0,
         spec_max_batch_size: int | None = None,
+        draft_policy: Callable[[int], bool] | None = None,
     ) -> None:
         if max_num_seqs < 1 or num_lookahead < 0 or max_model_len < 2:
             raise ValueError("need max_num_seqs >= 1, num_lookahead >= 0, max_model_len >= 2")
@@ -110,6 +112,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.num_lookahead = num_lookahead
         self.spec_max_batch_size = spec_max_batch_size
+        self.draft_policy = draft_policy
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._live: dict[str, Request] = {}
@@ -276,10 +279,10 @@ class Scheduler:
     def _drafts_this_step(self) -> bool:
         if not self.num_lookahead:
             return False
-        if self.spec_max_batch_size is None:
-            return True
         expected = min(self.max_num_seqs, len(self.running) + len(self.waiting))
-        return expected <= self.spec_max_batch_size
+        if self.spec_max_batch_size is not None and expected > self.spec_max_batch_size:
+            return False
+        return self.draft_policy is None or self.draft_policy(max(1, expected))
 
     def _drafts_to_verify(self, seq: Request, depth: int) -> list[int]:
         """seq's pending drafts that may still be emitted under its length limits."""

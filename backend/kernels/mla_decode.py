@@ -140,17 +140,20 @@ def mla_decode(
     scale: float,
     page_size: int,
     tiles: DecodeTiles | None = None,
+    max_len: int | None = None,
 ) -> Tensor:
     """Triton: what ``mla_decode_reference`` computes. q_latent [T, H, LORA], q_pe [T, H, ROPE],
     kv [slots, LORA + ROPE] (one cache layer), block_tables [S, B] int32, token_seq and
-    token_len [T] int32. Returns [T, H, LORA] fp32."""
+    token_len [T] int32. Returns [T, H, LORA] fp32. ``max_len`` bounds token_len (it sets the
+    number of key splits); None reads it from the device, which a captured graph cannot."""
     support.check_device(q_latent, q_pe, kv, block_tables, token_seq, token_len)
     from backend.kernels import _mla_decode_triton as kernels
 
     _check(q_latent, q_pe, kv, block_tables, token_seq, token_len)
     num_tokens, num_heads, lora = q_latent.shape
     tiles = tiles or choose_tiles(num_tokens, num_heads)
-    max_len = int(token_len.max()) if num_tokens else 0
+    if max_len is None:
+        max_len = int(token_len.max()) if num_tokens else 0
     splits = _num_splits(tiles, num_tokens, num_heads, max_len)
     partial = torch.empty(
         num_tokens, num_heads, splits, lora, dtype=torch.float32, device=kv.device
@@ -191,13 +194,15 @@ def absorbed_attention(
     w_uv: Tensor,
     scale: float,
     page_size: int,
+    max_len: int | None = None,
 ) -> Tensor:
     """[T, H, v] in q_nope's dtype: W_UK [H, nope, LORA] folded into the query, the kernel over
     the latent cache, W_UV [H, v, LORA] applied to its output."""
     q_latent = torch.einsum("thn,hnr->thr", q_nope, w_uk.to(q_nope.dtype)).contiguous()
     out_latent = mla_decode(
-        q_latent, q_pe.contiguous(), kv, block_tables, token_seq, token_len, scale, page_size
-    )
+        q_latent, q_pe.contiguous(), kv, block_tables, token_seq, token_len, scale, page_size,
+        max_len=max_len,
+    )  # fmt: skip
     return torch.einsum("thr,hvr->thv", out_latent, w_uv.float()).to(q_nope.dtype)
 
 

@@ -15,6 +15,20 @@ import torch
 from torch import Tensor
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeTensors:
+    """A decode batch's attention layout on the device, in the MLA kernel's form, built once a
+    step instead of once a layer (and, for a captured graph, kept in static buffers):
+    block_tables [S, B] int32 (rows padded with block 0), token_seq [T] int32 (each new token's
+    sequence), token_len [T] int32 (the cached rows it sees, its own included) and max_len, a
+    bound on token_len known without reading it back from the device."""
+
+    block_tables: Tensor
+    token_seq: Tensor
+    token_len: Tensor
+    max_len: int
+
+
 @dataclass
 class ForwardBatch:
     """One forward step over several sequences, flattened.
@@ -29,6 +43,7 @@ class ForwardBatch:
     context_lens: list[int]  # [S] tokens in the cache per sequence after this step
     block_tables: list[list[int]]  # [S][*] physical block ids covering context_lens
     slot_mapping: Tensor  # [T] long, flat slot of each new token
+    decode: DecodeTensors | None = None  # set only when every sequence brings <= 4 new tokens
 
     def __post_init__(self) -> None:
         num_tokens = int(self.input_ids.shape[0])

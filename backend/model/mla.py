@@ -8,8 +8,11 @@ weight-absorbed form: W_UK folds into the query and W_UV into the output, so att
 multi-query over the 576-wide latent with a 512-wide value; a decode that verifies k drafts
 (1 + k new tokens) takes the same batched path, each new token one row seeing its own prefix.
 A longer chunk over a long context also takes the absorbed form (``attention_absorbed_chunk``)
-when ``absorbed_is_cheaper`` says so: it skips expanding the whole context. All forms are pure
-functions of tensors so a GPU kernel can replace any of them.
+when ``absorbed_is_cheaper`` says so: it skips expanding the whole context; otherwise a chunk
+after cached context reads that context from the paged cache a chunk of blocks at a time
+(``mla_prefix.attention_over_prefix``), with no dense copy of it. A decode batch may carry its
+kernel layout on the device (``ForwardBatch.decode``, built once a step, static under a CUDA
+graph). All forms are pure functions of tensors so a GPU kernel can replace any of them.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from backend.kernels import support
-from backend.kernels.mla_decode import paged_absorbed_attention
+from backend.kernels.mla_decode import absorbed_attention, paged_absorbed_attention
 from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.config import ModelConfig
 from backend.model.fp8_linear import dense_weight
 from backend.model.layers import Linear, RMSNorm
+from backend.model.mla_prefix import attention_over_prefix
 from backend.model.rope import apply_rotary
 from backend.native import ops
 
@@ -259,22 +263,31 @@ class MLA(nn.Module):
             if q_len <= MAX_SHORT_QUERY:
                 continue
             rows_slice = slice(starts[seq], starts[seq + 1])
-            latents = cache.gather(cache_layer, batch.block_tables[seq], batch.context_lens[seq])
+            length, table = batch.context_lens[seq], batch.block_tables[seq]
+            if length > q_len and not self._absorbed_is_cheaper(q_len, length):
+                # after a cached prefix: read it from the paged cache a chunk at a time
+                own = cache.kv[cache_layer].index_select(0, batch.slot_mapping[rows_slice])
+                out[rows_slice] = attention_over_prefix(
+                    q_nope[rows_slice], q_pe[rows_slice], own, cache.kv[cache_layer], table,
+                    length - q_len, cache.block_size, dense_weight(self.kv_b_proj),
+                    self.v_head_dim, self.scale,
+                )  # fmt: skip
+                continue
+            latents = cache.gather(cache_layer, table, length)
             out[rows_slice] = self._attend_chunk(
                 q_nope[rows_slice], q_pe[rows_slice], latents.to(q_nope.dtype)
             )
         return out
 
+    def _absorbed_is_cheaper(self, num_q: int, length: int) -> bool:
+        return absorbed_is_cheaper(
+            num_q, length, self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim,
+            self.v_head_dim,
+        )  # fmt: skip
+
     def _attend_chunk(self, q_nope: Tensor, q_pe: Tensor, latents: Tensor) -> Tensor:
         """[Q, H, v] for one sequence's chunk, in whichever form costs less."""
-        if absorbed_is_cheaper(
-            q_nope.shape[0],
-            latents.shape[0],
-            self.kv_lora_rank,
-            self.qk_nope_head_dim,
-            self.qk_rope_head_dim,
-            self.v_head_dim,
-        ):
+        if self._absorbed_is_cheaper(q_nope.shape[0], latents.shape[0]):
             w_uk, w_uv = self.absorbed_weights()
             return attention_absorbed_chunk(q_nope, q_pe, latents, w_uk, w_uv, self.scale)
         return attention_expanded(
@@ -333,6 +346,12 @@ class MLA(nn.Module):
             if native is not None:
                 return native
         w_uk, w_uv = self.absorbed_weights()
+        layout = batch.decode
+        if support.use_kernels(q_nope) and layout is not None and len(seqs) == batch.num_seqs:
+            return absorbed_attention(
+                q_nope, q_pe, cache.kv[cache_layer], layout.block_tables, layout.token_seq,
+                layout.token_len, w_uk, w_uv, self.scale, cache.block_size, layout.max_len,
+            )  # fmt: skip
         if support.use_kernels(q_nope):
             return paged_absorbed_attention(
                 q_nope, q_pe, cache.kv[cache_layer], tables, q_lens, lengths,

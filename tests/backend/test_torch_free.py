@@ -21,6 +21,7 @@ _MODULES = [
     "backend.engine.blocks",
     "backend.engine.block_hash",
     "backend.engine.engine_config",
+    "backend.engine.spec_policy",
     "gateway.config.settings",
     "backend.engine.interface",
     "providers.local.provider",
@@ -31,6 +32,7 @@ _MODULES = [
     "tests.backend.conftest",
     "tests.backend.test_scheduler",
     "tests.backend.test_blocks",
+    "tests.backend.test_spec_policy",
 ]
 
 

@@ -30,6 +30,9 @@ def engine_config(**overrides: Any) -> EngineConfig:
         "dtype": "float32",
         "device": "cpu",
         "max_waiting": 64,
+        # deterministic drafting: at batch 1 unless a test lifts the cap (no timing decides)
+        "spec_max_batch_size": 1,
+        "spec_policy": "fixed",
     }
     settings.update(overrides)
     return EngineConfig(**settings)
