@@ -349,7 +349,9 @@ async def test_redis_stopped_mid_batch_loses_nothing(
     stream = "gw:usage-log"
     redis = Redis.from_url(private_redis.url())
     store = await UsageStore.open(f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
-    c = consumer(redis, store, stream)
+    # A batch read before the stop and not stored is claimed back after claim_idle_s: short
+    # here, so that the wait below is far from the claim (60 s by default).
+    c = consumer(redis, store, stream, claim_idle_s=2.0)
     task = asyncio.create_task(c.run())
     try:
         added = await add(redis, stream, 5000)
