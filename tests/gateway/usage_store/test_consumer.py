@@ -307,7 +307,7 @@ async def test_the_database_stopped_mid_batch_loses_nothing(redis: Redis, stream
     pg = PrivatePostgres()
     pg.start()
     store = await UsageStore.open(pg.url())
-    c = consumer(redis, store, stream)
+    c = consumer(redis, store, stream, claim_idle_s=2.0)  # as in the Redis-stopped test below
     task = asyncio.create_task(c.run())
     try:
         added = await add(redis, stream, 1000)
