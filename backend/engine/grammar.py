@@ -59,6 +59,10 @@ def grammar_vocab(tokenizer: Tokenizer) -> list[bytes]:
     ]
 
 
+_BOUNDED_STRING_CHAR = r"[^\"\\\r\n]"
+_JSON_STRING_CHAR = r"[^\0-\x1f\"\\\r\n]"
+
+
 def json_grammar(schema: dict[str, Any], param: str) -> st.Format:
     """Compact JSON (no whitespace outside strings: a weak model cannot pad forever) following
     `schema`, properties in its order, none beyond those it allows. Raises GrammarError."""
@@ -70,7 +74,10 @@ def json_grammar(schema: dict[str, Any], param: str) -> st.Format:
         lines = str(exc).strip().splitlines()
         detail = lines[-1].rsplit(": ", 1)[-1] if lines else type(exc).__name__
         raise GrammarError(f"Invalid JSON Schema at '{param}': {detail}", param) from None
-    return st.GrammarFormat(grammar=str(grammar))
+    # xgrammar's rule for a string with a length bound admits control characters, which JSON
+    # forbids unescaped (the unbounded rule excludes them): give it the unbounded rule's class.
+    text = str(grammar).replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR)
+    return st.GrammarFormat(grammar=text)
 
 
 def structural_tag(constraint: Constraint, special: SpecialIds) -> st.StructuralTag:

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xgrammar as xgr
+from xgrammar.testing import _is_grammar_accept_string
 
-from backend.engine.grammar import GrammarCompiler, GrammarError
+from backend.engine.grammar import GrammarCompiler, GrammarError, json_grammar
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.model.model import DeepseekV3ForCausalLM
@@ -205,3 +207,18 @@ def test_compiled_grammars_are_cached_by_constraint(
     other = build_constraint({"type": "json_object"}, [], None, None)
     assert other is not None and compiler.cached(other.text) is None
     assert grammar_starts_after(other, tokenizer.special, True) == (tokenizer.special.think_end,)
+
+
+@pytest.mark.parametrize("bound", [{}, {"maxLength": 12}, {"minLength": 1, "maxLength": 3}])
+def test_json_strings_refuse_unescaped_control_characters(bound: dict[str, Any]) -> None:
+    """JSON forbids U+0000-U+001F unescaped in a string, with a length bound or without."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", **bound}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    grammar = xgr.Grammar.from_ebnf(json_grammar(schema, "schema").grammar)
+    assert _is_grammar_accept_string(grammar, '{"city":"Rio"}')
+    for control in ("\x05", "\x00", "\t", "\n", "\x1f"):
+        assert not _is_grammar_accept_string(grammar, '{"city":"O' + control + '"}')
