@@ -6,7 +6,8 @@ embedded engine (`gateway.engine_host.embedded`, whose engine stats also become 
 in the app's registry), or, in workers 1..N-1 of `[server] workers`, worker 0's engine reached over
 its socket (`gateway.engine_host.worker_share`). An upstream's egress proxy is resolved here, from
 its settings or the environment; it polls for its answers with the process's `BusyWait` only when
-its `busy_wait` setting says so (the Redis calls always do).
+its `busy_wait` setting says so (the Redis calls always do); the others' answers count toward
+the wait's bound all the same (`plumbing.busy_wait.counting`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from gateway.cluster.node import ClusterNode
 from gateway.config.providers import ProviderSettings
 from gateway.config.settings import Settings
 from gateway.observability.metrics import Metrics
-from plumbing.busy_wait import BusyWait
+from plumbing.busy_wait import BusyWait, counting
 from providers.base import Provider
 from providers.upstream.anthropic import AnthropicUpstream
 from providers.upstream.openai import OpenAIUpstream, UpstreamConfig
@@ -70,7 +71,8 @@ async def open_providers(
     """One opened Provider per live provider, by name; all are closed when the context exits
     (a local engine is stopped, its metrics collector removed). `worker`: this serving
     process's index; only worker 0 loads a local engine. `busy`: the process's `BusyWait`,
-    which the upstreams whose `busy_wait` is set wait for their answers with. A local engine
+    which the upstreams whose `busy_wait` is set wait for their answers with (the others'
+    answers count toward its bound without polling). A local engine
     is yielded while it loads (gateway/engine_host/embedded.py); `on_engine_failure` hears of
     a load that failed."""
     live, skipped = settings.live_providers()
@@ -106,7 +108,8 @@ async def open_providers(
             else:
                 config = upstream_config(name, provider_settings)
                 anthropic = provider_settings.kind == "anthropic"
-                spin = busy if provider_settings.busy_wait else None
+                # The others' answers count (a process awaiting many is busy) but start no spin.
+                spin = busy if provider_settings.busy_wait or busy is None else counting(busy)
                 upstream = (AnthropicUpstream if anthropic else OpenAIUpstream)(config, busy=spin)
                 stack.push_async_callback(upstream.close)
                 await upstream.open()

@@ -14,7 +14,11 @@ a time.
 
 Callers pair `begin()` (an answer is now awaited) with exactly one `end()` (it came, failed or
 was given up); an unpaired `begin` only keeps the spin off later (the count stays above the
-bound), it never spins past `seconds`.
+bound), it never spins past `seconds`. Answers that are not worth polling for (an upstream
+across a network) still count through `counting()`: they never start a spin, but while more
+than `max_waiting` answers of any kind are awaited the process is busy, and a Redis reply
+awaited then is not polled for either (without them, a gateway serving dozens of upstream
+requests at once polled for nearly every Redis reply).
 """
 
 from __future__ import annotations
@@ -71,3 +75,23 @@ class BusyWait:
             loop.call_soon(self._turn, loop)
         else:
             self._spinning = False
+
+
+class Counting(BusyWait):
+    """Answers awaited that count toward `shared`'s bound but never start its spin (see the
+    module's docstring)."""
+
+    def __init__(self, shared: BusyWait) -> None:
+        super().__init__(NO_SPIN)
+        self.shared = shared
+
+    def begin(self, loop: asyncio.AbstractEventLoop, answers: int = 1) -> None:
+        self.shared.waiting += answers
+
+    def end(self, answers: int = 1) -> None:
+        self.shared.waiting -= answers
+
+
+def counting(busy: BusyWait) -> BusyWait:
+    """A `BusyWait` for answers that count toward `busy`'s bound and never start a spin."""
+    return Counting(busy)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from plumbing import busy_wait
-from plumbing.busy_wait import NO_SPIN, BusyWait, Spin
+from plumbing.busy_wait import NO_SPIN, BusyWait, Spin, counting
 
 
 @pytest.fixture
@@ -68,3 +68,22 @@ async def test_it_is_off_with_more_answers_awaited_or_no_time(yields: list[int])
     off.begin(loop)
     await _turns()
     assert not yields and off.waiting == 1
+
+
+async def test_counted_answers_hold_the_spin_off_but_never_start_it(yields: list[int]) -> None:
+    loop = asyncio.get_running_loop()
+    busy = BusyWait(Spin(5.0, 2))
+    upstream = counting(busy)
+    upstream.begin(loop)  # an answer not polled for: no spin
+    await _turns()
+    assert not yields and busy.waiting == 1
+    upstream.begin(loop, 2)  # three awaited in all: a Redis reply awaited now is not polled for
+    busy.begin(loop)
+    await _turns()
+    assert not yields and busy.waiting == 4
+    upstream.end(3)  # one left, the Redis reply: the next one awaited polls again
+    busy.begin(loop)
+    await _turns()
+    assert yields
+    busy.end(2)
+    assert busy.waiting == 0 and upstream.waiting == 0
