@@ -118,6 +118,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         local = frozenset(n for n, p in settings.live_providers()[0].items() if p.kind == "local")
         if settings.auth.enabled:
             usage = settings.usage
+            pricing = Pricing(usage, local)
             keyed = RedisAccessControl(
                 redis,
                 prefix=settings.redis.key_prefix,
@@ -127,7 +128,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                 spool_dir=settings.limits.spool_dir,
                 timeout_s=settings.redis.timeout_s,
                 busy=busy,
-                pricing=Pricing(usage, local),
+                pricing=None if pricing.free else pricing,  # no prices: nothing to look up
             )
             if usage.enabled:
                 app[USAGE_STORE] = await stack.enter_async_context(

@@ -18,6 +18,18 @@ class Pricing:
         self._local = settings.local_price
         self._local_providers = local_providers
 
+    @property
+    def free(self) -> bool:
+        """No price set anywhere: every request costs 0 (settlement then prices nothing)."""
+        local = self._local
+        return (
+            not self._routes
+            and not self._models
+            and local.input == 0
+            and local.output == 0
+            and not local.cached_input
+        )
+
     def price(self, model: str, provider: str, route_model: str) -> Price:
         found = self._routes.get(f"{provider}/{route_model}")
         if found is not None:

@@ -64,3 +64,19 @@ async def test_the_stream_is_capped_only_without_a_store(
         keys = [key async for key in redis.scan_iter(match=prefix + "*")]
         if keys:
             await redis.delete(*keys)
+
+
+def test_pricing_is_free_only_with_no_price_set_anywhere() -> None:
+    """A free pricing is not consulted at settlement (the gateway passes none): only when
+    every request would cost 0."""
+    assert Pricing(UsageSettings(), frozenset({"engine"})).free
+    assert not Pricing(PRICES, frozenset()).free
+    for one in (
+        UsageSettings(prices={"chat": {"output": 0.5}}),
+        UsageSettings(route_prices={"a/b": {}}),  # named, even at 0: a price is set
+        UsageSettings(local_price={"cached_input": 0.1}),
+    ):
+        assert not Pricing(one, frozenset()).free
+    free = Pricing(UsageSettings(), frozenset())
+    assert free.cost("chat", "mock", "x", 1000, 400, 500) == 0
+    assert free.worst("chat", (("mock", "x"),)) == (0.0, 0.0)
