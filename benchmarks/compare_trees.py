@@ -7,6 +7,8 @@ against each other in one run, so that the machine's drift falls on all of them 
         and 2 workers, with the CPU per request of the gateway, Redis, nginx and wrk
     .venv/bin/python benchmarks/compare_trees.py redis TREE TREE [...]    Redis's CPU per keyed
         request (one admission and one settlement)
+    .venv/bin/python benchmarks/compare_trees.py calls TREE TREE [...]    Python function calls
+        per request of each tree's gateway (cProfile): a count the machine's load does not move
 
 `COMMAND --help` lists each one's options.
 """
@@ -20,9 +22,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.trees import pinned, redis, workers  # noqa: E402
+from benchmarks.trees import calls, pinned, redis, workers  # noqa: E402
 
-COMMANDS = {"pinned": pinned.main, "workers": workers.main, "redis": redis.main}
+COMMANDS = {
+    "pinned": pinned.main,
+    "workers": workers.main,
+    "redis": redis.main,
+    "calls": calls.main,
+}
 
 
 def main() -> None:

@@ -179,12 +179,14 @@ def start_gateway(
     cpus: str | None = None,
     usage_db: Path | None = None,
     admin_key: str | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """`bench` routes to the JSON upstream at `json_url`, `bench-stream` to `stream_url`.
     `busy_wait_us`: `[server] busy_wait_us` (None: the default). `tree`: the source tree that
     serves (another checkout, for a comparison). `cpus`: a taskset CPU list to pin it to.
     `usage_db`: a SQLite file for the usage store (None: the store off). `admin_key`: the
-    admin API's key (`key_via_admin_api`)."""
+    admin API's key (`key_via_admin_api`). `extra_env`: more environment (e.g. a PYTHONPATH that
+    puts a directory before the tree's)."""
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "bench.toml"
     busy_wait = "" if busy_wait_us is None else f"busy_wait_us = {busy_wait_us}"
@@ -226,6 +228,7 @@ routes = [{{ provider = "stream", model = "echo-chunks-{chunks}" }}]
         env["GATEWAY_USAGE__URL"] = f"sqlite+aiosqlite:///{usage_db}"
     if admin_key is not None:
         env["GATEWAY_ADMIN__API_KEY"] = admin_key
+    env.update(extra_env or {})
     launcher = ["-m", "gateway"]
     pin = ["taskset", "-c", cpus] if cpus is not None else []
     proc = subprocess.Popen(

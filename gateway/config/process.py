@@ -95,7 +95,8 @@ class ServerSettings(BaseModel):
         default=4,
         ge=1,
         description="The most answers awaited at once for which the event loop still polls "
-        "(`busy_wait_us`); with more, the loop is busy anyway.",
+        "(`busy_wait_us`); with more, the loop is busy anyway. Every upstream's answers count, "
+        "polled for or not.",
     )
     gc_young_threshold: int = Field(
         default=10_000,
