@@ -5,6 +5,9 @@ q_lora_rank 1536, kv_lora_rank 512, rope 64, 256 experts of 2048 with top-8), th
 slice of the model (``benchmarks/kernel_slice.py``). ``--smoke`` runs tiny widths on the CPU
 under Triton's interpreter, to check the script itself; its figures mean nothing.
 
+The fused small kernels (RMSNorm with the residual add, SiLU x up) beside the torch ops they
+replace: a kernel is kept where it is faster than those.
+
 Targets: MLA decode at batch 64 over 4K contexts >= 70% of HBM bandwidth; fused MoE
 decode >= 60% of bandwidth; FP8 GEMM at prefill sizes >= 60% of FP8 peak.
 """
@@ -186,6 +189,37 @@ def bench_fused_moe(w: Widths, device: torch.device, token_counts: list[int]) ->
     return out
 
 
+def bench_small_ops(w: Widths, device: torch.device, token_counts: list[int]) -> list[Row]:
+    """The fused small kernels against the unfused torch ops they replace (their references):
+    RMSNorm with the residual add at the hidden width, SiLU x up at the dense and the expert
+    intermediate widths. Bytes: what the fused kernel must read and write."""
+    from backend.kernels import small_ops
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    size = torch.empty((), dtype=dtype).element_size()
+    weight = torch.ones(w.hidden, device=device, dtype=dtype)
+    out: list[Row] = []
+    for tokens in token_counts:
+        x = torch.randn(tokens, w.hidden, device=device, dtype=dtype)
+        r = torch.randn_like(x)
+        fused = measure(lambda x=x, r=r: small_ops.add_rms_norm(x, weight, 1e-6, r), device)
+        unfused = measure(
+            lambda x=x, r=r: small_ops.add_rms_norm_reference(x, weight, 1e-6, r), device
+        )
+        flops = 5.0 * tokens * w.hidden
+        moved = 4 * tokens * w.hidden * size
+        out.append(Row("add rms norm", f"T={tokens} D={w.hidden}", fused, moved, flops,
+                       H200_BF16_FLOPS, unfused))  # fmt: skip
+        for inter in (w.dense_inter, w.moe_inter):
+            g = torch.randn(tokens, inter, device=device, dtype=dtype)
+            u = torch.randn_like(g)
+            fused = measure(lambda g=g, u=u: small_ops.silu_mul(g, u), device)
+            unfused = measure(lambda g=g, u=u: small_ops.silu_mul_reference(g, u), device)
+            out.append(Row("silu mul", f"T={tokens} D={inter}", fused, 3 * tokens * inter * size,
+                           6.0 * tokens * inter, H200_BF16_FLOPS, unfused))  # fmt: skip
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny widths on CPU (interpreter)")
@@ -209,6 +243,8 @@ def main() -> int:
     for row in bench_mla_decode(widths, device, mla_cases):
         print(row.render())
     for row in bench_fused_moe(widths, device, moe_tokens):
+        print(row.render())
+    for row in bench_small_ops(widths, device, moe_tokens):
         print(row.render())
     if not args.no_slice:
         from benchmarks.kernel_slice import bench_slice

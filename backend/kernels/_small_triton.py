@@ -1,0 +1,47 @@
+"""Triton kernels for the step's small element-wise work (imported lazily by ``small_ops``):
+RMSNorm fused with the residual add before it, and SiLU(gate) x up. One program per row; the
+row is one tile of BLOCK_D (a power of two at least D) columns, computed in fp32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_rms_norm_kernel(
+    x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, D, eps,
+    stride_x, stride_r, stride_y, stride_h,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """h = x + r (stored in h's dtype, as the unfused add rounds it), y = weight * (h / rms(h))
+    with the normalized value rounded to y's dtype before the weight multiplies it."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    mask = cols < D
+    h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        h = h + tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        tl.store(h_ptr + row * stride_h + cols, h, mask=mask)
+    h32 = h.to(tl.float32)
+    mean_square = tl.sum(h32 * h32, axis=0) / D
+    normed = (h32 * tl.math.rsqrt(mean_square + eps)).to(y_ptr.dtype.element_ty)
+    weight = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    tl.store(y_ptr + row * stride_y + cols, weight * normed, mask=mask)
+
+
+@triton.jit
+def silu_mul_kernel(
+    g_ptr, u_ptr, out_ptr, D, stride_g, stride_u, stride_out, BLOCK_D: tl.constexpr
+):  # fmt: skip
+    """out = silu(gate) * up: silu in fp32, rounded to out's dtype before the product (as
+    ``F.silu(gate) * up`` rounds it)."""
+    row = tl.program_id(0)
+    start = tl.program_id(1) * BLOCK_D
+    cols = start + tl.arange(0, BLOCK_D)
+    mask = cols < D
+    gate = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0)
+    activated = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_out + cols, activated * up, mask=mask)

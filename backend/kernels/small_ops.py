@@ -1,0 +1,94 @@
+"""Fused small kernels of the step: RMSNorm with the residual add before it, SiLU(gate) x up.
+
+Each wrapper checks its inputs and launches one Triton kernel (``_small_triton``); the torch
+functions beside them are the references the tests compare with and the path every device
+without the kernels takes. On a GPU they save the launches and the intermediate tensors of the
+unfused ops (an add, a cast, a square, a mean, a multiply), which a decode step pays per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from backend.kernels.support import check_contiguous_rows, check_device
+
+# Widest row one program handles as a single tile (V3.1's hidden size is 7,168).
+MAX_NORM_WIDTH = 16384
+SILU_BLOCK = 1024
+NUM_WARPS = 4  # as compile_check compiles them
+
+
+def add_rms_norm_reference(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """(weight * rmsnorm(h), h) with h = x + residual (x itself without one), as the model's
+    unfused RMSNorm computes it."""
+    h = x if residual is None else x + residual
+    h32 = h.float()
+    normed = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(h.dtype), h
+
+
+def silu_mul_reference(gate: Tensor, up: Tensor) -> Tensor:
+    return F.silu(gate) * up
+
+
+def add_rms_norm(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """x [T, D] (and residual [T, D]), weight [D] -> (normed [T, D], h [T, D]) in one kernel."""
+    from backend.kernels import _small_triton as kernels
+
+    if x.dim() != 2:
+        raise ValueError(f"x must be [T, D], got {tuple(x.shape)}")
+    tokens, width = x.shape
+    if weight.shape != (width,):
+        raise ValueError(f"weight must be [{width}], got {tuple(weight.shape)}")
+    if not 0 < width <= MAX_NORM_WIDTH:
+        raise ValueError(f"rows of {width} values: at most {MAX_NORM_WIDTH}")
+    tensors = [x, weight] if residual is None else [x, weight, residual]
+    check_device(*tensors)
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError("residual must match x in shape and dtype")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"weight is {weight.dtype}, x is {x.dtype}")
+    for name, tensor in zip(("x", "weight", "residual"), tensors, strict=False):
+        check_contiguous_rows(name, tensor)
+    out = torch.empty_like(x)
+    h = x if residual is None else torch.empty_like(x)
+    if tokens:
+        r = residual if residual is not None else x
+        kernels.add_rms_norm_kernel[(tokens,)](
+            x, r, weight, out, h, width, eps,
+            x.stride(0), r.stride(0), out.stride(0), h.stride(0),
+            HAS_RESIDUAL=residual is not None, BLOCK_D=triton_width(width),
+            num_warps=NUM_WARPS, num_stages=1,
+        )  # fmt: skip
+    return out, h
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up for gate, up [T, D] of one dtype, in one kernel."""
+    from backend.kernels import _small_triton as kernels
+
+    if gate.dim() != 2 or gate.shape != up.shape or gate.dtype != up.dtype:
+        raise ValueError(f"gate and up must be [T, D] alike: {gate.shape} {up.shape}")
+    check_device(gate, up)
+    check_contiguous_rows("gate", gate)
+    check_contiguous_rows("up", up)
+    tokens, width = gate.shape
+    out = torch.empty_like(gate)
+    if tokens and width:
+        block = min(SILU_BLOCK, triton_width(width))
+        kernels.silu_mul_kernel[(tokens, -(-width // block))](
+            gate, up, out, width, gate.stride(0), up.stride(0), out.stride(0), BLOCK_D=block,
+            num_warps=NUM_WARPS, num_stages=1,
+        )  # fmt: skip
+    return out
+
+
+def triton_width(width: int) -> int:
+    """The power of two at least ``width`` (a Triton tile's size)."""
+    return 1 << max(0, width - 1).bit_length()
