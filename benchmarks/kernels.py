@@ -5,8 +5,9 @@ q_lora_rank 1536, kv_lora_rank 512, rope 64, 256 experts of 2048 with top-8), th
 slice of the model (``benchmarks/kernel_slice.py``). ``--smoke`` runs tiny widths on the CPU
 under Triton's interpreter, to check the script itself; its figures mean nothing.
 
-The fused small kernels (RMSNorm with the residual add, SiLU x up) beside the torch ops they
-replace: a kernel is kept where it is faster than those.
+The fused small kernels (RMSNorm with the residual add, SiLU x up, the latent's norm and
+rotation written into the cache) beside the torch ops they replace: a kernel is kept where it
+is faster than those.
 
 Targets: MLA decode at batch 64 over 4K contexts >= 70% of HBM bandwidth; fused MoE
 decode >= 60% of bandwidth; FP8 GEMM at prefill sizes >= 60% of FP8 peak.
@@ -217,6 +218,18 @@ def bench_small_ops(w: Widths, device: torch.device, token_counts: list[int]) ->
             unfused = measure(lambda g=g, u=u: small_ops.silu_mul_reference(g, u), device)
             out.append(Row("silu mul", f"T={tokens} D={inter}", fused, 3 * tokens * inter * size,
                            6.0 * tokens * inter, H200_BF16_FLOPS, unfused))  # fmt: skip
+        latent = w.kv_lora_rank + w.rope
+        kv = torch.randn(tokens, latent, device=device, dtype=dtype)
+        norm = torch.ones(w.kv_lora_rank, device=device, dtype=dtype)
+        angles = torch.rand(tokens, w.rope // 2, device=device)
+        cos, sin = angles.cos(), angles.sin()
+        cache = torch.zeros(2 * tokens, latent, device=device, dtype=dtype)
+        slots = torch.randperm(2 * tokens, device=device)[:tokens]
+        args = (kv, norm, 1e-6, cos, sin, cache, slots)
+        fused = measure(lambda a=args: small_ops.write_latents(*a), device)
+        unfused = measure(lambda a=args: small_ops.write_latents_reference(*a), device)
+        out.append(Row("latent write", f"T={tokens} D={latent}", fused, 2 * tokens * latent * size,
+                       5.0 * tokens * latent, H200_BF16_FLOPS, unfused))  # fmt: skip
     return out
 
 

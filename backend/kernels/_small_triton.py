@@ -45,3 +45,35 @@ def silu_mul_kernel(
     up = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0)
     activated = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * stride_out + cols, activated * up, mask=mask)
+
+
+@triton.jit
+def latent_write_kernel(
+    kv_ptr, w_ptr, cos_ptr, sin_ptr, slot_ptr, cache_ptr, eps,
+    stride_kv, stride_cos, stride_sin, stride_cache,
+    LORA: tl.constexpr, HALF_ROPE: tl.constexpr,
+    LORA_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+):  # fmt: skip
+    """One token's latent row into its cache slot: c_kv (the first LORA values of kv_a's
+    output) RMS-normed by ``w``, then k_pe (the next 2 x HALF_ROPE) rotated pairwise by cos and
+    sin, both rounded to the cache's dtype as the unfused norm and rotation round them."""
+    row = tl.program_id(0)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    cols = tl.arange(0, LORA_PAD)
+    mask = cols < LORA
+    c_kv = tl.load(kv_ptr + row * stride_kv + cols, mask=mask, other=0.0).to(tl.float32)
+    mean_square = tl.sum(c_kv * c_kv, axis=0) / LORA
+    normed = (c_kv * tl.math.rsqrt(mean_square + eps)).to(cache_ptr.dtype.element_ty)
+    weight = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    out = cache_ptr + slot * stride_cache
+    tl.store(out + cols, weight * normed, mask=mask)
+    pairs = tl.arange(0, HALF_PAD)
+    in_rope = pairs < HALF_ROPE
+    base = kv_ptr + row * stride_kv + LORA + 2 * pairs
+    even = tl.load(base, mask=in_rope, other=0.0).to(tl.float32)
+    odd = tl.load(base + 1, mask=in_rope, other=0.0).to(tl.float32)
+    cos = tl.load(cos_ptr + row * stride_cos + pairs, mask=in_rope, other=0.0)
+    sin = tl.load(sin_ptr + row * stride_sin + pairs, mask=in_rope, other=0.0)
+    dtype = cache_ptr.dtype.element_ty
+    tl.store(out + LORA + 2 * pairs, (even * cos - odd * sin).to(dtype), mask=in_rope)
+    tl.store(out + LORA + 2 * pairs + 1, (odd * cos + even * sin).to(dtype), mask=in_rope)

@@ -89,6 +89,14 @@ def configurations() -> Iterator[Config]:
         {"g_ptr": "*bf16", "u_ptr": "*bf16", "out_ptr": "*bf16"}, {"BLOCK_D": SILU_BLOCK},
         NUM_WARPS, 1,
     )  # fmt: skip
+    yield (
+        "latent_write", small.latent_write_kernel,
+        {"kv_ptr": "*bf16", "w_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+         "slot_ptr": "*i64", "cache_ptr": "*bf16", "eps": "fp32"},
+        {"LORA": LORA, "HALF_ROPE": ROPE // 2, "LORA_PAD": triton_width(LORA),
+         "HALF_PAD": triton_width(ROPE // 2)},
+        NUM_WARPS, 1,
+    )  # fmt: skip
     for tokens, splits in ((1, 16), (64, 1), (64, 4)):
         mla_t = mla_tiles(tokens, HEADS)
         yield (

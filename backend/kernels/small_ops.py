@@ -1,4 +1,5 @@
-"""Fused small kernels of the step: RMSNorm with the residual add before it, SiLU(gate) x up.
+"""Fused small kernels of the step: RMSNorm with the residual add before it, SiLU(gate) x up,
+and the latent's norm and rotation written straight into the paged cache.
 
 Each wrapper checks its inputs and launches one Triton kernel (``_small_triton``); the torch
 functions beside them are the references the tests compare with and the path every device
@@ -87,6 +88,54 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
             num_warps=NUM_WARPS, num_stages=1,
         )  # fmt: skip
     return out
+
+
+def write_latents_reference(
+    kv: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor, cache: Tensor, slots: Tensor
+) -> None:
+    """The unfused path: kv [T, lora + rope] (kv_a's output) -> [rmsnorm(c_kv) * weight |
+    rotated k_pe] stored at ``slots`` of ``cache`` [slots, lora + rope]."""
+    from backend.model.rope import apply_rotary
+
+    lora = weight.shape[0]
+    c_kv, k_pe = kv[:, :lora], kv[:, lora:]
+    normed = add_rms_norm_reference(c_kv, weight, eps)[0]
+    latent = torch.cat((normed, apply_rotary(k_pe, cos, sin)), dim=-1)
+    cache.index_copy_(0, slots, latent.to(cache.dtype))
+
+
+def write_latents(
+    kv: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor, cache: Tensor, slots: Tensor
+) -> None:
+    """``write_latents_reference`` in one kernel: kv [T, lora + rope], weight [lora], cos and
+    sin [T, rope / 2] fp32, cache [S, lora + rope] of kv's dtype, slots [T] long (each < S)."""
+    from backend.kernels import _small_triton as kernels
+
+    if kv.dim() != 2 or weight.dim() != 1 or cache.dim() != 2:
+        raise ValueError("kv [T, lora + rope], weight [lora], cache [slots, lora + rope]")
+    tokens, width = kv.shape
+    lora = weight.shape[0]
+    half = (width - lora) // 2
+    if width <= lora or (width - lora) % 2 or cache.shape[1] != width:
+        raise ValueError(f"kv rows of {width} and cache rows of {cache.shape[1]} for lora {lora}")
+    if cos.shape != (tokens, half) or sin.shape != (tokens, half):
+        raise ValueError(f"cos and sin must be [{tokens}, {half}]")
+    if slots.shape != (tokens,) or slots.dtype != torch.long:
+        raise ValueError("slots must be [T] long")
+    if weight.dtype != kv.dtype or cache.dtype != kv.dtype:
+        raise ValueError("kv, weight and cache must share a dtype")
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        raise ValueError("cos and sin must be fp32")
+    check_device(kv, weight, cos, sin, cache, slots)
+    for name, tensor in (("kv", kv), ("cos", cos), ("sin", sin), ("cache", cache)):
+        check_contiguous_rows(name, tensor)
+    if tokens:
+        kernels.latent_write_kernel[(tokens,)](
+            kv, weight, cos, sin, slots, cache, eps,
+            kv.stride(0), cos.stride(0), sin.stride(0), cache.stride(0),
+            LORA=lora, HALF_ROPE=half, LORA_PAD=triton_width(lora), HALF_PAD=triton_width(half),
+            num_warps=NUM_WARPS, num_stages=1,
+        )  # fmt: skip
 
 
 def triton_width(width: int) -> int:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from backend.kernels import support
+from backend.kernels import small_ops, support
 from backend.kernels.mla_decode import absorbed_attention, paged_absorbed_attention
 from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.config import ModelConfig
@@ -230,9 +230,7 @@ class MLA(nn.Module):
         all T rows are still written, and each wanted row attends as a decode over its
         sequence's cache up to itself."""
         kv = self.kv_a_proj_with_mqa(x)
-        c_kv, k_pe = kv.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        latent = torch.cat((self.kv_a_layernorm(c_kv), apply_rotary(k_pe, cos, sin)), dim=-1)
-        cache.write(cache_layer, batch.slot_mapping, latent)
+        self._write_latents(kv, cos, sin, batch, cache, cache_layer)
         if rows is not None:
             if not rows:
                 return x.new_empty(0, x.shape[-1])
@@ -244,6 +242,31 @@ class MLA(nn.Module):
         q_pe = apply_rotary(q_pe, cos, sin)
         out = self._attend(q_nope, q_pe, batch, cache, cache_layer)
         return self.o_proj(out.flatten(1))
+
+    def _write_latents(
+        self,
+        kv: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        batch: ForwardBatch,
+        cache: PagedLatentCache,
+        cache_layer: int,
+    ) -> None:
+        """kv_a's output [T, kv_lora_rank + rope] -> [norm(c_kv) | rotated k_pe] at the batch's
+        slots: one fused kernel on a GPU, else the norm, the rotation and the copy."""
+        norm = self.kv_a_layernorm
+        layer = cache.kv[cache_layer]
+        if (
+            support.use_kernels(kv)
+            and kv.dtype == layer.dtype == norm.weight.dtype
+            and kv.stride(-1) == 1
+            and cos.dtype == sin.dtype == torch.float32
+        ):
+            small_ops.write_latents(kv, norm.weight, norm.eps, cos, sin, layer, batch.slot_mapping)
+            return
+        c_kv, k_pe = kv.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        latent = torch.cat((norm(c_kv), apply_rotary(k_pe, cos, sin)), dim=-1)
+        cache.write(cache_layer, batch.slot_mapping, latent)
 
     def _attend(
         self,

@@ -11,6 +11,8 @@ from backend.kernels.small_ops import (
     add_rms_norm_reference,
     silu_mul,
     silu_mul_reference,
+    write_latents,
+    write_latents_reference,
 )
 
 pytestmark = pytest.mark.triton
@@ -58,3 +60,23 @@ def test_the_wrappers_refuse_bad_inputs(device: torch.device, act_dtype: torch.d
         silu_mul(x, x[:, :4])
     with pytest.raises(ValueError, match="unit stride"):
         silu_mul(x.t(), x.t())
+
+
+@pytest.mark.parametrize(("tokens", "lora", "rope"), [(1, 16, 8), (6, 24, 6), (0, 8, 4)])
+def test_write_latents_matches_the_reference(
+    device: torch.device, act_dtype: torch.dtype, tokens: int, lora: int, rope: int
+) -> None:
+    gen = torch.Generator().manual_seed(tokens + lora)
+    kv = torch.randn(tokens, lora + rope, generator=gen).to(device, act_dtype)
+    weight = (1 + 0.1 * torch.randn(lora, generator=gen)).to(device, act_dtype)
+    angles = torch.rand(tokens, rope // 2, generator=gen) * 6
+    cos, sin = angles.cos().to(device), angles.sin().to(device)
+    slots = torch.randperm(20, generator=gen)[:tokens].to(device)
+    fused = torch.zeros(20, lora + rope, device=device, dtype=act_dtype)
+    unfused = torch.zeros_like(fused)
+    write_latents(kv, weight, 1e-6, cos, sin, fused, slots)
+    write_latents_reference(kv, weight, 1e-6, cos, sin, unfused, slots)
+    tolerance = 1e-5 if act_dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fused, unfused, rtol=tolerance, atol=tolerance)
+    with pytest.raises(ValueError, match="cos and sin must be"):
+        write_latents(kv, weight, 1e-6, cos[:, :1], sin[:, :1], fused, slots)
