@@ -6,8 +6,8 @@ slice of the model (``benchmarks/kernel_slice.py``). ``--smoke`` runs tiny width
 under Triton's interpreter, to check the script itself; its figures mean nothing.
 
 The fused small kernels (RMSNorm with the residual add, SiLU x up, the latent's norm and
-rotation written into the cache) beside the torch ops they replace: a kernel is kept where it
-is faster than those.
+rotation written into the cache, the router's top-k) beside the torch ops they replace: a
+kernel is kept where it is faster than those.
 
 Targets: MLA decode at batch 64 over 4K contexts >= 70% of HBM bandwidth; fused MoE
 decode >= 60% of bandwidth; FP8 GEMM at prefill sizes >= 60% of FP8 peak.
@@ -195,10 +195,16 @@ def bench_small_ops(w: Widths, device: torch.device, token_counts: list[int]) ->
     RMSNorm with the residual add at the hidden width, SiLU x up at the dense and the expert
     intermediate widths. Bytes: what the fused kernel must read and write."""
     from backend.kernels import small_ops
+    from backend.model.config import MoEConfig
+    from backend.model.moe import route_noaux_tc
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     size = torch.empty((), dtype=dtype).element_size()
     weight = torch.ones(w.hidden, device=device, dtype=dtype)
+    groups = next(g for g in (8, 4, 2, 1) if w.experts % g == 0 and w.experts // g >= 2)
+    moe = MoEConfig(w.experts, 0, w.top_k, w.moe_inter, groups, max(1, groups // 2), 2.5,
+                    True, 0)  # fmt: skip
+    bias = torch.randn(w.experts, device=device) * 0.1
     out: list[Row] = []
     for tokens in token_counts:
         x = torch.randn(tokens, w.hidden, device=device, dtype=dtype)
@@ -230,6 +236,14 @@ def bench_small_ops(w: Widths, device: torch.device, token_counts: list[int]) ->
         unfused = measure(lambda a=args: small_ops.write_latents_reference(*a), device)
         out.append(Row("latent write", f"T={tokens} D={latent}", fused, 2 * tokens * latent * size,
                        5.0 * tokens * latent, H200_BF16_FLOPS, unfused))  # fmt: skip
+        logits = torch.randn(tokens, w.experts, device=device)
+        if small_ops.routable(w.experts, moe.n_group, moe.topk_group, moe.num_experts_per_tok):
+            fused = measure(lambda lg=logits: small_ops.route(
+                lg, bias, moe.n_group, moe.topk_group, moe.num_experts_per_tok, True, 2.5
+            ), device)  # fmt: skip
+            unfused = measure(lambda lg=logits: route_noaux_tc(lg, bias, moe), device)
+            out.append(Row("route", f"T={tokens} E={w.experts}", fused, 4 * tokens * w.experts,
+                           4.0 * tokens * w.experts, H200_BF16_FLOPS, unfused))  # fmt: skip
     return out
 
 

@@ -77,3 +77,48 @@ def latent_write_kernel(
     dtype = cache_ptr.dtype.element_ty
     tl.store(out + LORA + 2 * pairs, (even * cos - odd * sin).to(dtype), mask=in_rope)
     tl.store(out + LORA + 2 * pairs + 1, (odd * cos + even * sin).to(dtype), mask=in_rope)
+
+
+@triton.jit
+def route_kernel(
+    logits_ptr, bias_ptr, w_ptr, id_ptr, stride_l, stride_w, stride_id, scaling,
+    N_GROUP: tl.constexpr, PER_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr,
+    TOP_K: tl.constexpr, TOP_K_PAD: tl.constexpr, GROUPED: tl.constexpr, NORM: tl.constexpr,
+):  # fmt: skip
+    """One token's noaux_tc routing: sigmoid scores, the bias added for the choice; with
+    GROUPED, the TOPK_GROUP groups of highest top-2 sum kept; the TOP_K best experts of what is
+    kept, ties to the lower index (the argmaxes break ties left); weights are the unbiased
+    scores of those experts, normalized with NORM, times ``scaling``."""
+    row = tl.program_id(0)
+    groups = tl.arange(0, N_GROUP)
+    members = tl.arange(0, PER_GROUP)
+    offsets = groups[:, None] * PER_GROUP + members[None, :]
+    logits = tl.load(logits_ptr + row * stride_l + offsets).to(tl.float32)
+    scores = 1.0 / (1.0 + tl.exp(-logits))
+    biased = scores + tl.load(bias_ptr + offsets).to(tl.float32)
+    if GROUPED:
+        first = tl.max(biased, axis=1)
+        first_at = tl.argmax(biased, axis=1)
+        second = tl.max(tl.where(members[None, :] == first_at[:, None], -float("inf"), biased), 1)
+        group_scores = first + second
+        kept = groups < 0
+        for _ in tl.static_range(TOPK_GROUP):
+            best = tl.argmax(tl.where(kept, -float("inf"), group_scores), axis=0)
+            kept = kept | (groups == best)
+        biased = tl.where(kept[:, None], biased, -float("inf"))
+    slots = tl.arange(0, TOP_K_PAD)
+    weights = tl.zeros([TOP_K_PAD], dtype=tl.float32)
+    ids = tl.zeros([TOP_K_PAD], dtype=tl.int64)
+    for k in tl.static_range(TOP_K):
+        best_group = tl.argmax(tl.max(biased, axis=1), axis=0)
+        in_group = tl.max(tl.where(groups[:, None] == best_group, biased, -float("inf")), axis=0)
+        chosen = best_group * PER_GROUP + tl.argmax(in_group, axis=0)
+        hit = offsets == chosen
+        weights = tl.where(slots == k, tl.sum(tl.where(hit, scores, 0.0)), weights)
+        ids = tl.where(slots == k, chosen.to(tl.int64), ids)
+        biased = tl.where(hit, -float("inf"), biased)
+    if NORM:
+        weights = weights / (tl.sum(weights, axis=0) + 1e-20)
+    valid = slots < TOP_K
+    tl.store(w_ptr + row * stride_w + slots, weights * scaling, mask=valid)
+    tl.store(id_ptr + row * stride_id + slots, ids, mask=valid)

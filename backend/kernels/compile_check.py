@@ -35,7 +35,7 @@ from backend.kernels.small_ops import NUM_WARPS, SILU_BLOCK, triton_width
 Config = tuple[str, Any, dict[str, str], dict[str, Any], int, int]  # name, kernel, types, ...
 INT = "i32"
 HEADS, LORA, ROPE, EXPERTS, TOP_K = 128, 512, 64, 256, 8
-HIDDEN, Q_LORA = 7168, 1536
+HIDDEN, Q_LORA, GROUPS, TOPK_GROUPS = 7168, 1536, 8, 4
 
 
 def configurations() -> Iterator[Config]:
@@ -95,6 +95,14 @@ def configurations() -> Iterator[Config]:
          "slot_ptr": "*i64", "cache_ptr": "*bf16", "eps": "fp32"},
         {"LORA": LORA, "HALF_ROPE": ROPE // 2, "LORA_PAD": triton_width(LORA),
          "HALF_PAD": triton_width(ROPE // 2)},
+        NUM_WARPS, 1,
+    )  # fmt: skip
+    yield (
+        "route", small.route_kernel,
+        {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "w_ptr": "*fp32", "id_ptr": "*i64",
+         "scaling": "fp32"},
+        {"N_GROUP": GROUPS, "PER_GROUP": EXPERTS // GROUPS, "TOPK_GROUP": TOPK_GROUPS,
+         "TOP_K": TOP_K, "TOP_K_PAD": triton_width(TOP_K), "GROUPED": True, "NORM": True},
         NUM_WARPS, 1,
     )  # fmt: skip
     for tokens, splits in ((1, 16), (64, 1), (64, 4)):

@@ -1,5 +1,6 @@
 """Fused small kernels of the step: RMSNorm with the residual add before it, SiLU(gate) x up,
-and the latent's norm and rotation written straight into the paged cache.
+the latent's norm and rotation written straight into the paged cache, and the router's
+group-limited top-k (its reference is ``backend.model.moe.route_noaux_tc``).
 
 Each wrapper checks its inputs and launches one Triton kernel (``_small_triton``); the torch
 functions beside them are the references the tests compare with and the path every device
@@ -136,6 +137,60 @@ def write_latents(
             LORA=lora, HALF_ROPE=half, LORA_PAD=triton_width(lora), HALF_PAD=triton_width(half),
             num_warps=NUM_WARPS, num_stages=1,
         )  # fmt: skip
+
+
+def route(
+    logits: Tensor,
+    bias: Tensor,
+    n_group: int,
+    topk_group: int,
+    top_k: int,
+    normalize: bool,
+    scaling: float,
+) -> tuple[Tensor, Tensor]:
+    """noaux_tc routing of logits [T, E] with bias [E] in one kernel: (weights [T, top_k] fp32,
+    expert ids [T, top_k] long), as ``route_noaux_tc`` chooses them. E / n_group and n_group
+    must be powers of two (256 experts in 8 groups for V3.1)."""
+    from backend.kernels import _small_triton as kernels
+
+    if logits.dim() != 2 or bias.shape != (logits.shape[1],):
+        raise ValueError(f"logits [T, E] and bias [E], got {logits.shape} and {bias.shape}")
+    tokens, experts = logits.shape
+    if n_group < 1 or experts % n_group:
+        raise ValueError(f"{experts} experts do not split into {n_group} groups")
+    per_group = experts // n_group
+    if not routable(experts, n_group, topk_group, top_k):
+        raise ValueError(
+            f"the kernel routes power-of-two groups ({n_group} x {per_group}) to a top-{top_k} "
+            f"within {topk_group} groups"
+        )
+    check_device(logits, bias)
+    check_contiguous_rows("logits", logits)
+    bias = bias.contiguous()
+    weights = torch.empty(tokens, top_k, device=logits.device, dtype=torch.float32)
+    ids = torch.empty(tokens, top_k, device=logits.device, dtype=torch.long)
+    if tokens:
+        kernels.route_kernel[(tokens,)](
+            logits, bias, weights, ids, logits.stride(0), weights.stride(0), ids.stride(0),
+            scaling, N_GROUP=n_group, PER_GROUP=per_group, TOPK_GROUP=topk_group, TOP_K=top_k,
+            TOP_K_PAD=triton_width(top_k), GROUPED=n_group > 1 and topk_group < n_group,
+            NORM=normalize, num_warps=NUM_WARPS, num_stages=1,
+        )  # fmt: skip
+    return weights, ids
+
+
+def routable(experts: int, n_group: int, topk_group: int, top_k: int) -> bool:
+    """Whether ``route``'s kernel takes this router's shape."""
+    if n_group < 1 or experts % n_group:
+        return False
+    per_group = experts // n_group
+    return (
+        triton_width(n_group) == n_group
+        and triton_width(per_group) == per_group
+        and per_group >= 2
+        and 1 <= topk_group <= n_group
+        and 1 <= top_k <= topk_group * per_group
+    )
 
 
 def triton_width(width: int) -> int:

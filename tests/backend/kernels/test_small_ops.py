@@ -9,6 +9,7 @@ import torch
 from backend.kernels.small_ops import (
     add_rms_norm,
     add_rms_norm_reference,
+    route,
     silu_mul,
     silu_mul_reference,
     write_latents,
@@ -80,3 +81,38 @@ def test_write_latents_matches_the_reference(
     torch.testing.assert_close(fused, unfused, rtol=tolerance, atol=tolerance)
     with pytest.raises(ValueError, match="cos and sin must be"):
         write_latents(kv, weight, 1e-6, cos[:, :1], sin[:, :1], fused, slots)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "n_group", "per_group", "topk_group", "top_k", "normalize"),
+    [(5, 4, 8, 2, 3, True), (3, 8, 4, 8, 4, False), (4, 1, 16, 1, 2, True), (0, 2, 4, 1, 2, True)],
+)
+def test_route_chooses_as_noaux_tc(
+    device: torch.device,
+    tokens: int,
+    n_group: int,
+    per_group: int,
+    topk_group: int,
+    top_k: int,
+    normalize: bool,
+) -> None:
+    from backend.model.config import MoEConfig
+    from backend.model.moe import route_noaux_tc
+
+    experts = n_group * per_group
+    moe = MoEConfig(
+        n_routed_experts=experts, num_experts_per_tok=top_k, n_group=n_group,
+        topk_group=topk_group, n_shared_experts=0, moe_intermediate_size=8,
+        routed_scaling_factor=2.5, norm_topk_prob=normalize, first_k_dense_replace=0,
+        moe_layer_freq=1,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(experts + tokens)
+    logits = torch.randn(tokens, experts, generator=gen)
+    logits[:, 3] = logits[:, 5] if tokens else logits[:, 3]  # a tie: the lower index wins
+    bias = 0.1 * torch.randn(experts, generator=gen)
+    want_w, want_ids = route_noaux_tc(logits, bias, moe)
+    got_w, got_ids = route(
+        logits.to(device), bias.to(device), n_group, topk_group, top_k, normalize, 2.5
+    )
+    assert got_ids.cpu().tolist() == want_ids.tolist()
+    torch.testing.assert_close(got_w.cpu(), want_w, rtol=1e-5, atol=1e-6)
