@@ -47,6 +47,8 @@ class DecoderLayer(nn.Module):
             attended = self.self_attn(normed, cos, sin, batch, cache, cache_layer)
         else:
             attended = self.self_attn(normed, cos, sin, batch, cache, cache_layer, rows)
+            if not rows:  # the latents are cached; nothing else is read
+                return attended
             x = x[rows]
         normed, h = self.post_attention_layernorm.add_forward(attended, x)
         return h + self.mlp(normed)
