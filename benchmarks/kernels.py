@@ -5,6 +5,10 @@ q_lora_rank 1536, kv_lora_rank 512, rope 64, 256 experts of 2048 with top-8), th
 slice of the model (``benchmarks/kernel_slice.py``). ``--smoke`` runs tiny widths on the CPU
 under Triton's interpreter, to check the script itself; its figures mean nothing.
 
+The fused small kernels (RMSNorm with the residual add, SiLU x up, the latent's norm and
+rotation written into the cache, the router's top-k) beside the torch ops they replace: a
+kernel is kept where it is faster than those.
+
 Targets: MLA decode at batch 64 over 4K contexts >= 70% of HBM bandwidth; fused MoE
 decode >= 60% of bandwidth; FP8 GEMM at prefill sizes >= 60% of FP8 peak.
 """
@@ -186,6 +190,63 @@ def bench_fused_moe(w: Widths, device: torch.device, token_counts: list[int]) ->
     return out
 
 
+def bench_small_ops(w: Widths, device: torch.device, token_counts: list[int]) -> list[Row]:
+    """The fused small kernels against the unfused torch ops they replace (their references):
+    RMSNorm with the residual add at the hidden width, SiLU x up at the dense and the expert
+    intermediate widths. Bytes: what the fused kernel must read and write."""
+    from backend.kernels import small_ops
+    from backend.model.config import MoEConfig
+    from backend.model.moe import route_noaux_tc
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    size = torch.empty((), dtype=dtype).element_size()
+    weight = torch.ones(w.hidden, device=device, dtype=dtype)
+    groups = next(g for g in (8, 4, 2, 1) if w.experts % g == 0 and w.experts // g >= 2)
+    moe = MoEConfig(w.experts, 0, w.top_k, w.moe_inter, groups, max(1, groups // 2), 2.5,
+                    True, 0)  # fmt: skip
+    bias = torch.randn(w.experts, device=device) * 0.1
+    out: list[Row] = []
+    for tokens in token_counts:
+        x = torch.randn(tokens, w.hidden, device=device, dtype=dtype)
+        r = torch.randn_like(x)
+        fused = measure(lambda x=x, r=r: small_ops.add_rms_norm(x, weight, 1e-6, r), device)
+        unfused = measure(
+            lambda x=x, r=r: small_ops.add_rms_norm_reference(x, weight, 1e-6, r), device
+        )
+        flops = 5.0 * tokens * w.hidden
+        moved = 4 * tokens * w.hidden * size
+        out.append(Row("add rms norm", f"T={tokens} D={w.hidden}", fused, moved, flops,
+                       H200_BF16_FLOPS, unfused))  # fmt: skip
+        for inter in (w.dense_inter, w.moe_inter):
+            g = torch.randn(tokens, inter, device=device, dtype=dtype)
+            u = torch.randn_like(g)
+            fused = measure(lambda g=g, u=u: small_ops.silu_mul(g, u), device)
+            unfused = measure(lambda g=g, u=u: small_ops.silu_mul_reference(g, u), device)
+            out.append(Row("silu mul", f"T={tokens} D={inter}", fused, 3 * tokens * inter * size,
+                           6.0 * tokens * inter, H200_BF16_FLOPS, unfused))  # fmt: skip
+        latent = w.kv_lora_rank + w.rope
+        kv = torch.randn(tokens, latent, device=device, dtype=dtype)
+        norm = torch.ones(w.kv_lora_rank, device=device, dtype=dtype)
+        angles = torch.rand(tokens, w.rope // 2, device=device)
+        cos, sin = angles.cos(), angles.sin()
+        cache = torch.zeros(2 * tokens, latent, device=device, dtype=dtype)
+        slots = torch.randperm(2 * tokens, device=device)[:tokens]
+        args = (kv, norm, 1e-6, cos, sin, cache, slots)
+        fused = measure(lambda a=args: small_ops.write_latents(*a), device)
+        unfused = measure(lambda a=args: small_ops.write_latents_reference(*a), device)
+        out.append(Row("latent write", f"T={tokens} D={latent}", fused, 2 * tokens * latent * size,
+                       5.0 * tokens * latent, H200_BF16_FLOPS, unfused))  # fmt: skip
+        logits = torch.randn(tokens, w.experts, device=device)
+        if small_ops.routable(w.experts, moe.n_group, moe.topk_group, moe.num_experts_per_tok):
+            fused = measure(lambda lg=logits: small_ops.route(
+                lg, bias, moe.n_group, moe.topk_group, moe.num_experts_per_tok, True, 2.5
+            ), device)  # fmt: skip
+            unfused = measure(lambda lg=logits: route_noaux_tc(lg, bias, moe), device)
+            out.append(Row("route", f"T={tokens} E={w.experts}", fused, 4 * tokens * w.experts,
+                           4.0 * tokens * w.experts, H200_BF16_FLOPS, unfused))  # fmt: skip
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny widths on CPU (interpreter)")
@@ -195,10 +256,12 @@ def main() -> int:
         os.environ["TRITON_INTERPRET"] = "1"
         device, widths = torch.device("cpu"), SMOKE
         rows, mla_cases, moe_tokens = [1, 32], [(2, 64)], [1, 16]
+        small_tokens = [1, 16]
     elif torch.cuda.is_available():
         device, widths = torch.device("cuda"), REAL
         rows, mla_cases = [1, 16, 64, 256, 4096], [(1, 4096), (16, 4096), (64, 4096), (64, 16384)]
         moe_tokens = [1, 8, 64, 256, 4096]
+        small_tokens = [1, 64, 4096]
         print(f"device: {torch.cuda.get_device_name()}")
     else:
         print("no CUDA GPU: run on an H200 (or pass --smoke to check the script)", file=sys.stderr)
@@ -215,6 +278,9 @@ def main() -> int:
 
         for line in bench_slice(widths, device):
             print(line)
+    # last: a step cut short by its time limit loses only these
+    for row in bench_small_ops(widths, device, small_tokens):
+        print(row.render())
     return 0
 
 

@@ -10,7 +10,8 @@
 #      cached (chunked prefix attention, and the dense path beside it);
 #   4. benchmarks/mtp.py in bf16 on the GPU (needs a trained checkpoint: MTP_CHECKPOINT), with
 #      the measured speculation policy;
-#   5. benchmarks/kernels.py at DeepSeek-V3.1's widths, against the H200's limits;
+#   5. benchmarks/kernels.py at DeepSeek-V3.1's widths, against the H200's limits (the fused
+#      small kernels against the unfused torch ops they replace);
 #   6. the parallel engine with CUDA tensors (ranks share the GPU over gloo), with tensor- and
 #      with data-parallel attention;
 #   7. benchmarks/kernel_tiles.py (not in the default STEPS: a sweep of its own).

@@ -4,7 +4,9 @@ The MTP layer runs on every position the target computed in the step (prefill ch
 verified decodes alike), so its latent cache layer, in the same paged pool and block tables as
 the target's, is filled wherever the target's is. Its input at position t is the target's final
 hidden state at t and the embedding of token t + 1 (known from the prompt, or just emitted); at
-the position before a sequence's last token it proposes the first draft. Deeper drafts feed the
+the position before a sequence's last token it proposes the first draft (in a step with a
+prefill chunk the layer's attention and MLP run at those rows alone: only their output is read).
+Deeper drafts feed the
 layer its own output: draft j comes from position P + j - 2 (P: the last token's position), over
 slots the scheduler reserved, and its latents there are overwritten when the target verifies.
 
@@ -85,14 +87,17 @@ class Drafter:
         there is replaced before it is read)."""
         model = self.model
         inputs = torch.tensor(next_ids, dtype=torch.long, device=hidden.device)
-        out = model.mtp_forward(replace(batch, input_ids=inputs), self.cache, hidden)  # [T, D]
         tokens: list[list[int]] = [[] for _ in targets]
         probs: list[list[Tensor]] = [[] for _ in targets]
         live = [i for i, t in enumerate(targets) if t.max_depth > 0]
+        live.sort(key=lambda i: targets[i].row)
+        rows = torch.tensor([targets[i].row for i in live], dtype=torch.long, device=hidden.device)
+        # every row's latent is cached; the layer's output is computed where a draft starts
+        previous = model.mtp_forward(
+            replace(batch, input_ids=inputs), self.cache, hidden, rows=rows
+        )  # [N, D]
         if not live:
             return Drafts(tokens, [None] * len(targets))
-        rows = torch.tensor([targets[i].row for i in live], dtype=torch.long, device=hidden.device)
-        previous = out.index_select(0, rows)  # [N, D]
         depth = 1
         while True:
             proposed = self._propose(previous, [targets[i] for i in live])

@@ -113,8 +113,9 @@ class EngineConfig:
     decode_graphs: str = _knob(
         "auto",
         "Decode steps under CUDA graphs, one per batch-size bucket, captured at start-up: "
-        "`auto` (on a CUDA device, one rank or NCCL ranks), `on` (static buffers and bucket "
-        "padding on every device; capture only on CUDA), `off` (every step launched op by op).",
+        "`auto` (on a CUDA device, one rank), `on` (static buffers and bucket padding on every "
+        "device, tensor and expert parallel ranks included; capture only on CUDA with one "
+        "rank), `off` (every step launched op by op).",
     )
     decode_graph_max_batch: int = _knob(
         64,

@@ -281,10 +281,16 @@ class DecodeGraphRunner:
 
 def graph_modes(config: EngineConfig, device: torch.device) -> tuple[bool, bool]:
     """(pad decode steps to buckets over static buffers, capture them as CUDA graphs) for
-    ``config`` on ``device``. Parallel engines run eagerly: their ranks would have to replay
-    in step, and under gloo collectives cannot be captured."""
-    if config.decode_graphs == "off" or config.tensor_parallel > 1:
+    ``config`` on ``device``. A parallel engine is never captured (its ranks would have to
+    capture their collectives and replay in step); with ``decode_graphs = "on"`` and tensor or
+    expert parallel its decode steps are padded all the same (every rank runs the padded plan
+    rank 0 sends, and sizes its pool with the padding blocks), not with data-parallel
+    attention, whose ranks own block ids by range."""
+    if config.decode_graphs == "off":
         return False, False
+    if config.tensor_parallel > 1:
+        padded = config.decode_graphs == "on" and not config.data_parallel_attention
+        return padded, False
     cuda = device.type == "cuda"
     if config.decode_graphs == "auto":
         return cuda, cuda

@@ -183,7 +183,9 @@ class ModelRunner:
         with torch.inference_mode():
             if samplers:
                 rows, sample_rows = self._rows_to_sample(samplers, first_rows)
-                hidden, logits = self._forward_with_logits(batch, rows)
+                hidden, logits = self._forward_with_logits(
+                    batch, rows, prune=not output.num_spec_tokens
+                )
                 emitted, emitted_logprobs, verify = self._sample(logits, samplers, sample_rows)
                 position = 0
                 for i, item in enumerate(scheduled):
@@ -191,8 +193,12 @@ class ModelRunner:
                         sampled_tokens[i] = emitted[position]
                         logprobs[i] = emitted_logprobs[position]
                         position += 1
-            else:
+            elif output.num_spec_tokens:
                 hidden = self.model(batch, self.cache)  # [T, D]
+                verify = SpecStepStats()
+            else:  # a prefill chunk that samples nothing: its latents are all it leaves
+                empty = torch.empty(0, dtype=torch.long, device=self.device)
+                hidden = self.model(batch, self.cache, empty)
                 verify = SpecStepStats()
             if not output.num_spec_tokens:
                 return RunnerOutput(sampled_tokens, logprobs, [[] for _ in scheduled], verify)
@@ -206,15 +212,17 @@ class ModelRunner:
         return RunnerOutput(sampled_tokens, logprobs, drafts, spec)
 
     def _forward_with_logits(
-        self, batch: ForwardBatch, rows: torch.Tensor
+        self, batch: ForwardBatch, rows: torch.Tensor, prune: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [T, D] and the logits [R, vocab] of ``rows``: a decode step padded to its
-        bucket (replayed from its graph where captured), any other step eagerly."""
+        bucket (replayed from its graph where captured), any other step eagerly; with
+        ``prune`` (no drafting reads the hidden states) a prefill step's last layer computes
+        only ``rows``."""
         if self.graphs is not None:
             bucket = self.graphs.bucket_for(batch, int(rows.numel()))
             if bucket is not None:
                 return self.graphs.run(batch, bucket)
-        return self.model.forward_with_logits(batch, self.cache, rows)
+        return self.model.forward_with_logits(batch, self.cache, rows, prune=prune)
 
     def release(self, request_id: str) -> None:
         """Forget a finished or aborted request's generator and draft distribution."""

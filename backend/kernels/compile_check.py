@@ -25,14 +25,17 @@ from triton.compiler import ASTSource
 from backend.kernels import _fp8_gemm_triton as gemm
 from backend.kernels import _fused_moe_triton as moe
 from backend.kernels import _mla_decode_triton as mla
+from backend.kernels import _small_triton as small
 from backend.kernels.fp8_gemm import choose_tiles as gemm_tiles
 from backend.kernels.fused_moe import choose_tiles as moe_tiles
 from backend.kernels.mla_decode import _padded
 from backend.kernels.mla_decode import choose_tiles as mla_tiles
+from backend.kernels.small_ops import NUM_WARPS, SILU_BLOCK, triton_width
 
 Config = tuple[str, Any, dict[str, str], dict[str, Any], int, int]  # name, kernel, types, ...
 INT = "i32"
 HEADS, LORA, ROPE, EXPERTS, TOP_K = 128, 512, 64, 256, 8
+HIDDEN, Q_LORA, GROUPS, TOPK_GROUPS = 7168, 1536, 8, 4
 
 
 def configurations() -> Iterator[Config]:
@@ -73,6 +76,35 @@ def configurations() -> Iterator[Config]:
                 {"h_ptr": "*bf16", "out_ptr": "*fp32", "route_ptr": "*fp32", **pointers},
                 common, moe_t.num_warps, moe_t.num_stages,
             )  # fmt: skip
+    for width in (HIDDEN, Q_LORA, LORA):  # the layer norms, the latent's among them
+        for residual in (False, True):
+            yield (
+                f"add_rms_norm width={width} residual={residual}", small.add_rms_norm_kernel,
+                {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16",
+                 "h_ptr": "*bf16", "eps": "fp32"},
+                {"HAS_RESIDUAL": residual, "BLOCK_D": triton_width(width)}, NUM_WARPS, 1,
+            )  # fmt: skip
+    yield (
+        "silu_mul", small.silu_mul_kernel,
+        {"g_ptr": "*bf16", "u_ptr": "*bf16", "out_ptr": "*bf16"}, {"BLOCK_D": SILU_BLOCK},
+        NUM_WARPS, 1,
+    )  # fmt: skip
+    yield (
+        "latent_write", small.latent_write_kernel,
+        {"kv_ptr": "*bf16", "w_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+         "slot_ptr": "*i64", "cache_ptr": "*bf16", "eps": "fp32"},
+        {"LORA": LORA, "HALF_ROPE": ROPE // 2, "LORA_PAD": triton_width(LORA),
+         "HALF_PAD": triton_width(ROPE // 2)},
+        NUM_WARPS, 1,
+    )  # fmt: skip
+    yield (
+        "route", small.route_kernel,
+        {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "w_ptr": "*fp32", "id_ptr": "*i64",
+         "scaling": "fp32"},
+        {"N_GROUP": GROUPS, "PER_GROUP": EXPERTS // GROUPS, "TOPK_GROUP": TOPK_GROUPS,
+         "TOP_K": TOP_K, "TOP_K_PAD": triton_width(TOP_K), "GROUPED": True, "NORM": True},
+        NUM_WARPS, 1,
+    )  # fmt: skip
     for tokens, splits in ((1, 16), (64, 1), (64, 4)):
         mla_t = mla_tiles(tokens, HEADS)
         yield (

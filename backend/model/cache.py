@@ -84,6 +84,29 @@ class ForwardBatch:
             [end - 1 for end in ends], dtype=torch.long, device=self.input_ids.device
         )
 
+    def rows_as_decodes(self, rows: list[int]) -> ForwardBatch:
+        """The flat rows ``rows`` (increasing) as a batch of one-token sequences: each row's
+        token at its position, seeing its sequence's cache up to and including itself (the
+        query of a row whose latent this step already wrote)."""
+        starts = self.query_starts()
+        positions: list[int] = []
+        tables: list[list[int]] = []
+        seq = 0
+        for row in rows:
+            while starts[seq + 1] <= row:
+                seq += 1
+            positions.append(self.context_lens[seq] - self.seq_lens_q[seq] + row - starts[seq])
+            tables.append(self.block_tables[seq])
+        index = torch.tensor(rows, dtype=torch.long, device=self.input_ids.device)
+        return ForwardBatch(
+            input_ids=self.input_ids.index_select(0, index),
+            positions=self.positions.index_select(0, index),
+            seq_lens_q=[1] * len(rows),
+            context_lens=[position + 1 for position in positions],
+            block_tables=tables,
+            slot_mapping=self.slot_mapping.index_select(0, index),
+        )
+
     @staticmethod
     def slots_for(block_table: list[int], start_pos: int, count: int, block_size: int) -> list[int]:
         """Slots of positions ``start_pos .. start_pos + count - 1`` under ``block_table``."""

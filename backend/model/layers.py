@@ -1,4 +1,5 @@
-"""Small building blocks shared by the attention and FFN modules: RMSNorm and a SwiGLU MLP."""
+"""Small building blocks shared by the attention and FFN modules: RMSNorm and a SwiGLU MLP
+(on a GPU through the fused small kernels of ``backend.kernels.small_ops``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from backend.kernels import small_ops, support
 from backend.native import ops
 
 
@@ -75,6 +77,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
+        if _fused(x, self.weight):
+            return small_ops.add_rms_norm(x, self.weight, self.eps)[0]
         if x.dim() == 2 and x.shape[0] <= ops.MAX_ROWS:
             out = ops.rms_norm(x, self.weight, self.eps)
             if out is not None:
@@ -82,6 +86,13 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
+
+    def add_forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(norm(x + residual), x + residual): one fused kernel on a GPU."""
+        if _fused(x, self.weight) and _fused(residual, self.weight):
+            return small_ops.add_rms_norm(x, self.weight, self.eps, residual)
+        h = x + residual
+        return self(h), h
 
 
 class SwiGLU(nn.Module):
@@ -94,4 +105,20 @@ class SwiGLU(nn.Module):
         self.down_proj = Linear(hidden, dim, bias=False, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:  # x: [T, dim] -> [T, dim]
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if _fused(gate, up) and gate.shape == up.shape:
+            return self.down_proj(small_ops.silu_mul(gate, up))
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _fused(x: Tensor, other: Tensor) -> bool:
+    """Whether the fused small kernels take these tensors: CUDA with Triton, rows of unit
+    stride, one dtype (elsewhere the torch path, the kernels' reference, runs)."""
+    return (
+        support.use_kernels(x)
+        and x.dim() == 2
+        and x.shape[-1] <= small_ops.MAX_NORM_WIDTH
+        and x.stride(-1) == 1
+        and other.stride(-1) == 1
+        and x.dtype == other.dtype
+    )

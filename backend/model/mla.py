@@ -21,13 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from backend.kernels import support
+from backend.kernels import small_ops, support
 from backend.kernels.mla_decode import absorbed_attention, paged_absorbed_attention
 from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.config import ModelConfig
 from backend.model.fp8_linear import dense_weight
 from backend.model.layers import Linear, RMSNorm
-from backend.model.mla_prefix import attention_over_prefix
+from backend.model.mla_prefix import attention_over_prefix, expand_rows, query_rows
 from backend.model.rope import apply_rotary
 from backend.native import ops
 
@@ -63,16 +63,13 @@ def attention_expanded(
     if v_head_dim > key_dim:
         raise ValueError(f"v_head_dim {v_head_dim} exceeds the key width {key_dim}")
     length = latents.shape[0]
-    c_kv, k_pe = latents[:, :kv_lora_rank], latents[:, kv_lora_rank:]
-    kv = F.linear(c_kv, kv_b_weight).view(length, num_heads, nope + v_head_dim)
-    # SDPA's fused CPU kernel needs value as wide as the key. Rows [k_nope | k_pe | v] per head
-    # give both as views: key = the first key_dim columns, value = the last key_dim (v at its
-    # end, the columns before it are dropped from the output).
-    rows = latents.new_empty(num_heads, length, key_dim + v_head_dim)  # [H, L, key_dim + v]
-    rows[:, :, :nope] = kv[:, :, :nope].transpose(0, 1)
-    rows[:, :, nope:key_dim] = k_pe[None]
-    rows[:, :, key_dim:] = kv[:, :, nope:].transpose(0, 1)
-    query = torch.cat((q_nope, q_pe), dim=-1).transpose(0, 1)  # [H, Q, key_dim]
+    if kv_b_weight.shape[1] != kv_lora_rank:
+        raise ValueError(f"kv_b_proj takes {kv_b_weight.shape[1]} inputs, not {kv_lora_rank}")
+    # SDPA's fused CPU kernel needs value as wide as the key: rows [k_pe | k_nope | v] per
+    # head give both as views, key = the first key_dim columns, value = the last key_dim (v at
+    # its end, the columns before it are dropped from the output).
+    rows = expand_rows(latents, kv_b_weight, num_heads, nope, v_head_dim)  # [H, L, key_dim + v]
+    query = query_rows(q_nope, q_pe)  # [H, Q, key_dim]
     mask = chunk_mask(num_q, length, query.dtype, query.device)
     out = F.scaled_dot_product_attention(
         query[None],
@@ -225,17 +222,51 @@ class MLA(nn.Module):
         batch: ForwardBatch,
         cache: PagedLatentCache,
         cache_layer: int,
+        rows: list[int] | None = None,
     ) -> Tensor:
-        """x [T, D] -> [T, D]; writes the T new latent rows into ``cache_layer`` first."""
+        """x [T, D] -> [T, D]; writes the T new latent rows into ``cache_layer`` first.
+
+        ``rows`` (increasing flat rows): only their outputs are wanted, [R, D]; the latents of
+        all T rows are still written, and each wanted row attends as a decode over its
+        sequence's cache up to itself."""
+        kv = self.kv_a_proj_with_mqa(x)
+        self._write_latents(kv, cos, sin, batch, cache, cache_layer)
+        if rows is not None:
+            if not rows:
+                return x.new_empty(0, x.shape[-1])
+            index = torch.tensor(rows, dtype=torch.long, device=x.device)
+            x, cos, sin = (t.index_select(0, index) for t in (x, cos, sin))
+            batch = batch.rows_as_decodes(rows)
         q = self._query(x)
         q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         q_pe = apply_rotary(q_pe, cos, sin)
-        kv = self.kv_a_proj_with_mqa(x)
-        c_kv, k_pe = kv.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        latent = torch.cat((self.kv_a_layernorm(c_kv), apply_rotary(k_pe, cos, sin)), dim=-1)
-        cache.write(cache_layer, batch.slot_mapping, latent)
         out = self._attend(q_nope, q_pe, batch, cache, cache_layer)
         return self.o_proj(out.flatten(1))
+
+    def _write_latents(
+        self,
+        kv: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        batch: ForwardBatch,
+        cache: PagedLatentCache,
+        cache_layer: int,
+    ) -> None:
+        """kv_a's output [T, kv_lora_rank + rope] -> [norm(c_kv) | rotated k_pe] at the batch's
+        slots: one fused kernel on a GPU, else the norm, the rotation and the copy."""
+        norm = self.kv_a_layernorm
+        layer = cache.kv[cache_layer]
+        if (
+            support.use_kernels(kv)
+            and kv.dtype == layer.dtype == norm.weight.dtype
+            and kv.stride(-1) == 1
+            and cos.dtype == sin.dtype == torch.float32
+        ):
+            small_ops.write_latents(kv, norm.weight, norm.eps, cos, sin, layer, batch.slot_mapping)
+            return
+        c_kv, k_pe = kv.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        latent = torch.cat((norm(c_kv), apply_rotary(k_pe, cos, sin)), dim=-1)
+        cache.write(cache_layer, batch.slot_mapping, latent)
 
     def _attend(
         self,

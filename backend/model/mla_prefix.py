@@ -12,7 +12,6 @@ context is the reference.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 # Prefix keys expanded and attended at a time: bounds the expanded chunk at
@@ -82,18 +81,30 @@ def merge_attention(
 def expand_rows(
     latents: Tensor, kv_b_weight: Tensor, num_heads: int, nope: int, v_head_dim: int
 ) -> Tensor:
-    """latents [L, kv_lora_rank + rope] -> rows [H, L, nope + rope + v]: per head
-    [k_nope | k_pe | v], with c_kv expanded through kv_b_proj and k_pe shared by the heads."""
+    """latents [L, kv_lora_rank + rope] -> rows [H, L, rope + nope + v]: per head
+    [k_pe | k_nope | v], with k_pe shared by the heads and c_kv expanded through kv_b_proj by
+    one batched product written in place (kv_b_proj's rows per head are [nope | v], so its
+    output lands after k_pe with no transposing copy). The key is the first rope + nope
+    columns (the query is [q_pe | q_nope]); a value as wide as the key, which SDPA's fused CPU
+    kernel needs, is the last rope + nope columns, v at its end."""
     length = latents.shape[0]
     kv_lora_rank = kv_b_weight.shape[1]
     c_kv, k_pe = latents[:, :kv_lora_rank], latents[:, kv_lora_rank:]
-    kv = F.linear(c_kv, kv_b_weight).view(length, num_heads, nope + v_head_dim)
-    key_dim = nope + k_pe.shape[-1]
-    rows = latents.new_empty(num_heads, length, key_dim + v_head_dim)
-    rows[:, :, :nope] = kv[:, :, :nope].transpose(0, 1)
-    rows[:, :, nope:key_dim] = k_pe[None]
-    rows[:, :, key_dim:] = kv[:, :, nope:].transpose(0, 1)
+    rope = k_pe.shape[-1]
+    rows = latents.new_empty(num_heads, length, rope + nope + v_head_dim)
+    per_head = kv_b_weight.reshape(num_heads, nope + v_head_dim, kv_lora_rank).transpose(1, 2)
+    expanded = rows[:, :, rope:]
+    torch.baddbmm(
+        expanded, c_kv.expand(num_heads, length, kv_lora_rank), per_head, beta=0, out=expanded
+    )
+    rows[:, :, :rope] = k_pe[None]
     return rows
+
+
+def query_rows(q_nope: Tensor, q_pe: Tensor) -> Tensor:
+    """q_nope [Q, H, nope], q_pe [Q, H, rope] -> [H, Q, rope + nope], ``expand_rows``' key
+    order."""
+    return torch.cat((q_pe, q_nope), dim=-1).transpose(0, 1)
 
 
 def attention_over_prefix(
@@ -125,7 +136,7 @@ def attention_over_prefix(
         raise ValueError(f"block table of {len(block_table)} blocks for {num_cached} tokens")
     dtype = q_nope.dtype
     weight = kv_b_weight.to(dtype)
-    query = torch.cat((q_nope, q_pe), dim=-1).transpose(0, 1)  # [H, Q, key_dim]
+    query = query_rows(q_nope, q_pe)  # [H, Q, key_dim]
     own = expand_rows(new_latents.to(dtype), weight, num_heads, nope, v_head_dim)
     out, lse = attend_with_lse(query, own, key_dim, True, scale)
     blocks = cache_layer.view(-1, block_size, cache_layer.shape[-1])

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.config import ModelConfig
 from backend.model.layers import Linear, RMSNorm, SwiGLU
-from backend.model.mla import MLA
+from backend.model.mla import MAX_SHORT_QUERY, MLA
 from backend.model.moe import MoE
 from backend.model.rope import Rotary
 
@@ -39,9 +39,19 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         cache: PagedLatentCache,
         cache_layer: int,
-    ) -> Tensor:  # x: [T, D] -> [T, D]
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache, cache_layer)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        rows: list[int] | None = None,
+    ) -> Tensor:
+        """x [T, D] -> [T, D], or [R, D] for ``rows`` only (every row's latent still cached)."""
+        normed = self.input_layernorm(x)
+        if rows is None:
+            attended = self.self_attn(normed, cos, sin, batch, cache, cache_layer)
+        else:
+            attended = self.self_attn(normed, cos, sin, batch, cache, cache_layer, rows)
+            if not rows:  # the latents are cached; nothing else is read
+                return attended
+            x = x[rows]
+        normed, h = self.post_attention_layernorm.add_forward(attended, x)
+        return h + self.mlp(normed)
 
 
 class SharedHead(nn.Module):
@@ -116,12 +126,22 @@ class DeepseekV3ForCausalLM(nn.Module):
         return self.rotary.cos_sin(positions)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: PagedLatentCache) -> Tensor:
-        """Final (normed) hidden states [T, D] of the batch's new tokens."""
+    def forward(
+        self, batch: ForwardBatch, cache: PagedLatentCache, rows: Tensor | None = None
+    ) -> Tensor:
+        """Final (normed) hidden states [T, D] of the batch's new tokens; with ``rows`` [R]
+        (long, increasing) those rows' only, [R, D]: in a step with a prefill chunk the last
+        layer then attends and runs its MLP for those rows alone (every layer still caches
+        every row's latent)."""
         x = self.model.embed_tokens(batch.input_ids)
         cos, sin = self._cos_sin(batch.positions)
-        for index in range(self.config.num_hidden_layers):
+        last = self.config.num_hidden_layers - 1
+        wanted = _pruned_rows(batch, rows)
+        for index in range(last):
             x = self.model.layers[index](x, cos, sin, batch, cache, index)
+        x = self.model.layers[last](x, cos, sin, batch, cache, last, wanted)
+        if rows is not None and wanted is None:
+            x = x.index_select(0, rows)
         return self.model.norm(x)
 
     @torch.inference_mode()
@@ -131,18 +151,30 @@ class DeepseekV3ForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward_with_logits(
-        self, batch: ForwardBatch, cache: PagedLatentCache, rows: Tensor
+        self, batch: ForwardBatch, cache: PagedLatentCache, rows: Tensor, *, prune: bool = False
     ) -> tuple[Tensor, Tensor]:
         """A step: the forward's hidden states [T, D] and the logits [R, vocab] fp32 of its
-        rows ``rows`` [R] (long). The parallel model sends its workers this as one command."""
+        rows ``rows`` [R] (long). With ``prune`` (the caller reads no other row's hidden state)
+        the hidden states are the rows' only, [R, D], and a prefill step's last layer computes
+        only them. The parallel model sends its workers this as one command."""
+        if prune:
+            hidden = self.forward(batch, cache, rows)
+            return hidden, self.compute_logits(hidden)
         hidden = self.forward(batch, cache)
         return hidden, self.compute_logits(hidden.index_select(0, rows))
 
     @torch.inference_mode()
     def mtp_forward(
-        self, batch: ForwardBatch, cache: PagedLatentCache, previous_hidden: Tensor, depth: int = 0
+        self,
+        batch: ForwardBatch,
+        cache: PagedLatentCache,
+        previous_hidden: Tensor,
+        depth: int = 0,
+        rows: Tensor | None = None,
     ) -> Tensor:
-        """Draft hidden [T, D] (normed by shared_head.norm) from MTP layer ``depth``.
+        """Draft hidden [T, D] (normed by shared_head.norm) from MTP layer ``depth``; with
+        ``rows`` [R] (long, increasing) those rows' only, [R, D], computed for them alone in a
+        step with a prefill chunk (the layer still caches every row's latent).
 
         ``batch.input_ids[i]`` is token t+1 for the main model's position t = ``positions[i]``
         and ``previous_hidden[i]`` is the main model's final hidden state at t.
@@ -155,7 +187,10 @@ class DeepseekV3ForCausalLM(nn.Module):
         embedded = layer.enorm(self.model.embed_tokens(batch.input_ids))
         x = layer.eh_proj(torch.cat((embedded, layer.hnorm(previous_hidden)), dim=-1))
         cos, sin = self._cos_sin(batch.positions)
-        x = layer(x, cos, sin, batch, cache, layer_index)
+        wanted = _pruned_rows(batch, rows)
+        x = layer(x, cos, sin, batch, cache, layer_index, wanted)
+        if rows is not None and wanted is None:
+            x = x.index_select(0, rows)
         return layer.shared_head.norm(x)
 
     @torch.inference_mode()
@@ -168,3 +203,15 @@ class DeepseekV3ForCausalLM(nn.Module):
     def close(self) -> None:
         """Release what the model holds beyond this process: nothing on one device (the
         parallel engine's rank 0 stops its worker ranks)."""
+
+
+def _pruned_rows(batch: ForwardBatch, rows: Tensor | None) -> list[int] | None:
+    """``rows`` as a list where computing the last layer for them alone pays: in a step with
+    a prefill chunk (a decode step's rows are nearly all wanted, and its attention runs as a
+    batch already); None to compute every row."""
+    if rows is None or max(batch.seq_lens_q) <= MAX_SHORT_QUERY:
+        return None
+    wanted = rows.tolist()
+    if any(b <= a for a, b in zip(wanted, wanted[1:], strict=False)):
+        return None
+    return wanted

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from backend.kernels import support
+from backend.kernels import small_ops, support
 from backend.kernels.fused_moe import StackedExperts, fused_moe
 from backend.model.config import ModelConfig, MoEConfig
 from backend.model.fp8_linear import FP8Linear
@@ -57,7 +57,15 @@ class Gate(nn.Module):
         logits = ops.gemv(x32, self.weight) if x.shape[0] <= ops.MAX_ROWS else None
         if logits is None:
             logits = F.linear(x32, self.weight)
-        return route_noaux_tc(logits, self.e_score_correction_bias, self.moe)
+        moe = self.moe
+        if support.use_kernels(logits) and small_ops.routable(
+            moe.n_routed_experts, moe.n_group, moe.topk_group, moe.num_experts_per_tok
+        ):
+            return small_ops.route(
+                logits, self.e_score_correction_bias, moe.n_group, moe.topk_group,
+                moe.num_experts_per_tok, moe.norm_topk_prob, moe.routed_scaling_factor,
+            )  # fmt: skip
+        return route_noaux_tc(logits, self.e_score_correction_bias, moe)
 
 
 class MoE(nn.Module):

@@ -113,21 +113,24 @@ class DataParallelMLA(MLA):
         batch: ForwardBatch,
         cache: PagedLatentCache,
         cache_layer: int,
+        rows: list[int] | None = None,
     ) -> Tensor:  # x: [T, D] (every rank's the same) -> [T, D]
+        if rows is not None:
+            raise ValueError("data-parallel attention computes every row of a step")
         started = time.perf_counter()
         share = self.shares.share(batch, cache.block_size)
         out = torch.zeros_like(x)
         if share.batch is not None:
             self.latent_bytes_read += latent_bytes(share.batch, cache)
-            rows = share.rows
+            mine = share.rows
             local = super().forward(
-                x.index_select(0, rows),
-                cos.index_select(0, rows),
-                sin.index_select(0, rows),
+                x.index_select(0, mine),
+                cos.index_select(0, mine),
+                sin.index_select(0, mine),
                 share.batch,
                 cache,
                 cache_layer,
             )  # [T_r, D]
-            out.index_copy_(0, rows, local)
+            out.index_copy_(0, mine, local)
         self.seconds += time.perf_counter() - started
         return self.group.all_reduce(out)

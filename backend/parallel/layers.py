@@ -71,10 +71,11 @@ class ParallelMLA(MLA):
         batch: ForwardBatch,
         cache: PagedLatentCache,
         cache_layer: int,
+        rows: list[int] | None = None,
     ) -> Tensor:
         started = time.perf_counter()
         self.latent_bytes_read += latent_bytes(batch, cache)
-        out = super().forward(x, cos, sin, batch, cache, cache_layer)
+        out = super().forward(x, cos, sin, batch, cache, cache_layer, rows)
         self.seconds += time.perf_counter() - started
         return self.group.all_reduce(out)
 

@@ -108,20 +108,27 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
     # Rank 0 sends each call to the workers first.
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: PagedLatentCache) -> Tensor:
+    def forward(
+        self, batch: ForwardBatch, cache: PagedLatentCache, rows: Tensor | None = None
+    ) -> Tensor:
+        """Every rank computes every row; ``rows`` narrows only what rank 0 returns."""
         self._send(FORWARD, lambda: encode_plan(batch), None)
-        return self._forward(batch, cache)
+        hidden = self._forward(batch, cache)
+        return hidden if rows is None else hidden.index_select(0, rows)
 
     @torch.inference_mode()
     def forward_with_logits(
-        self, batch: ForwardBatch, cache: PagedLatentCache, rows: Tensor
+        self, batch: ForwardBatch, cache: PagedLatentCache, rows: Tensor, *, prune: bool = False
     ) -> tuple[Tensor, Tensor]:
-        """One command: the plan and the sampled rows' numbers (``rows`` [R])."""
+        """One command: the plan and the sampled rows' numbers (``rows`` [R]). Every rank
+        computes every row (``prune`` only narrows the hidden states returned to ``rows``')."""
         self._send(
             STEP, lambda: torch.cat((encode_plan(batch), rows.cpu())), None, extra=rows.numel()
         )
         hidden = self._forward(batch, cache)
-        return hidden, self._guard(lambda: self._gather_logits(hidden.index_select(0, rows)))
+        picked = hidden.index_select(0, rows)
+        logits = self._guard(lambda: self._gather_logits(picked))
+        return (picked if prune else hidden), logits
 
     def _forward(self, batch: ForwardBatch, cache: PagedLatentCache) -> Tensor:
         hidden = self._guard(lambda: DeepseekV3ForCausalLM.forward(self, batch, cache))
@@ -144,17 +151,24 @@ class ShardedCausalLM(DeepseekV3ForCausalLM):
 
     @torch.inference_mode()
     def mtp_forward(
-        self, batch: ForwardBatch, cache: PagedLatentCache, previous_hidden: Tensor, depth: int = 0
+        self,
+        batch: ForwardBatch,
+        cache: PagedLatentCache,
+        previous_hidden: Tensor,
+        depth: int = 0,
+        rows: Tensor | None = None,
     ) -> Tensor:
+        """Every rank computes every row; ``rows`` narrows only what rank 0 returns."""
         if depth:
             raise ValueError("the parallel engine runs one MTP layer")
         if self._drafts_over_last_step(batch, previous_hidden):
             self._send(MTP_NEXT, batch.input_ids.cpu, None)
         else:
             self._send(MTP, lambda: encode_plan(batch), previous_hidden)
-        return self._guard(
+        out = self._guard(
             lambda: DeepseekV3ForCausalLM.mtp_forward(self, batch, cache, previous_hidden)
         )
+        return out if rows is None else out.index_select(0, rows)
 
     @torch.inference_mode()
     def rank_counters(self) -> list[RankCounters]:

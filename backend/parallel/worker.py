@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from backend.engine.engine_config import EngineConfig
+from backend.engine.graph_runner import graph_modes, num_pad_blocks
 from backend.model.cache import PagedLatentCache
 from backend.parallel.cluster import HEARTBEAT_S, SETUP_KEY, collect_reports, heartbeat_key
 from backend.parallel.group import RankFailure, RankGroup, rank_device
@@ -83,9 +84,11 @@ def run(rank: int, world: int, addr: str, port: int, local_rank: int | None = No
         )
         collect_reports(group, report)
         model.set_attention_pools(int(setup["num_blocks"]))
+        padded = graph_modes(config, model.device)[0]  # rank 0's runner pads as this says
+        num_pad = num_pad_blocks(config.block_size) if padded else 0
         cache = PagedLatentCache(
             num_layers=model.num_cache_layers,
-            num_blocks=int(setup["num_blocks"]),
+            num_blocks=int(setup["num_blocks"]) + num_pad,
             block_size=config.block_size,
             latent_dim=model.config.latent_dim,
             dtype=config.torch_dtype,

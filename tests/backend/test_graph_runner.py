@@ -50,6 +50,10 @@ def test_graph_modes_follow_the_settings_and_the_device() -> None:
     assert graph_modes(EngineConfig(decode_graphs="on"), cpu) == (True, False)
     assert graph_modes(EngineConfig(decode_graphs="off"), cuda) == (False, False)
     assert graph_modes(EngineConfig(tensor_parallel=2), cuda) == (False, False)
+    # parallel ranks pad when asked, never capture; data-parallel attention runs as it is
+    assert graph_modes(EngineConfig(tensor_parallel=2, decode_graphs="on"), cuda) == (True, False)
+    dp = EngineConfig(tensor_parallel=2, decode_graphs="on", data_parallel_attention=True)
+    assert graph_modes(dp, cpu) == (False, False)
     with pytest.raises(ValueError, match="decode_graphs"):
         EngineConfig(decode_graphs="always")
 

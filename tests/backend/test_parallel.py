@@ -243,3 +243,25 @@ def test_two_ranks_sample_the_one_device_distribution(
         (counts[token] - num_samples * p) ** 2 / (num_samples * p) for token, p in expected.items()
     )
     assert statistic < chi2_quantile(len(expected) - 1, 1e-4), (statistic, counts, expected)
+
+
+def test_two_ranks_pad_decode_steps_to_buckets_as_one_device(
+    tiny_dir: Path, tiny_model: DeepseekV3ForCausalLM
+) -> None:
+    # decode_graphs "on": rank 0 pads each decode step to its bucket and sends the padded plan;
+    # every rank runs it (eagerly: a parallel engine captures nothing), pool padding included
+    model, _ = start_parallel_model(tiny_dir, parallel_config(2, decode_graphs="on", **PLAIN))
+    try:
+        prompts = random_prompts(3, 10, 40, seed=13)  # batch 3: bucket 4, one padding sequence
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        reference = make_engine(tiny_model, tiny_dir, engine_config(**PLAIN))
+        expected = greedy_tokens(reference, prompts, params)
+        for overrides in (PLAIN, SPECULATIVE):
+            config = parallel_config(2, decode_graphs="on", **overrides)
+            engine = make_engine(model, tiny_dir, config)
+            assert greedy_tokens(engine, prompts, params) == expected, overrides
+            graphs = engine.runner.graphs
+            assert graphs is not None and graphs.num_graphs == 0
+            assert graphs.num_padded_eager > 0
+    finally:
+        model.close()
