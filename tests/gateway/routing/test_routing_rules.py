@@ -46,6 +46,9 @@ def decide(judge: Judge, *texts: str) -> Verdict:
         "¿Puedes demostrar que hay infinitos números primos?",
         "Por favor, demonstre que todo inteiro maior que 1 tem um divisor primo.",
         "Докажите, что сумма углов треугольника равна 180 градусам.",
+        "Muestra que la suma de dos números pares es par.",
+        "Mostre que a soma de dois números pares é par.",
+        "Pruebe que hay infinitos primos.",
         # a joke elsewhere in the ask leaves a real request standing
         "Prove that 0.999... = 1. My friends say it's a trick. Lol.",
     ],
@@ -81,6 +84,18 @@ def test_a_dare_a_joke_a_negation_or_a_quotation_is_not_a_request_to_prove(
 )
 def test_banter_about_proving_goes_fast_by_the_proof_joke_rule(judge: Judge, text: str) -> None:
     assert decide(judge, text) == Verdict(False, "rule:proof-joke@1")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Show me the deploy logs lol",
+        "Muéstrame el menú jaja",
+        "Tenho 3 provas amanhã kkkk, me dá uma dica de estudo",
+    ],
+)
+def test_laughter_without_a_proof_word_is_left_to_the_model(judge: Judge, text: str) -> None:
+    assert decide(judge, text).reason == "model"
 
 
 def test_laughter_beside_a_request_to_prove_leaves_the_request_standing(judge: Judge) -> None:
