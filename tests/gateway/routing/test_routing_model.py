@@ -90,3 +90,11 @@ def test_a_long_instruction_is_read_to_its_first_40_tokens_either_way() -> None:
         "w|" + "a" * 200,
         "w|end",
     ]
+
+
+def test_ascii_asks_are_tokenized_as_the_unicode_rule_would() -> None:
+    from gateway.routing import features as module
+
+    for text in ["what's 15% of 3.14, x_y = 2^10 <= 5?", "rock'n'roll 1,000,000 a+b", ""]:
+        assert module._tokens(text) == module._TOKEN.findall(text)[:40]
+    assert module._tokens("über 3 straße") == ["über", "3", "straße"]
