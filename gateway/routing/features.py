@@ -111,19 +111,21 @@ def groups(ask: Ask) -> list[Group]:
         out.append(("x|", [f"{mclass}|empty"]))
         return out
     text = ask.instruction
-    if not text.isascii() and _WIDE.search(text) is not None:
+    ascii_ = text.isascii()
+    if not ascii_ and _WIDE.search(text) is not None:
         text = text.translate(_NARROW)  # rare: CJK punctuation is left as it is
     text = text.lower()
     length = f"len={_log2_bucket(len(text))}"
     structure.append(length)
-    question = "?" in text or "？" in text
+    question = "?" in text or (not ascii_ and "？" in text)
     if question:
         structure.append("q")
         if text.rstrip().endswith(("?", "？")):
             structure.append("qend")
     if _LAUGH.search(text) is not None:
         structure.append("laugh")
-    stops = sum(map(text.count, ".?!。？！"))  # about the sentences (a decimal point aside)
+    # sentence stops (a decimal point aside)
+    stops = sum(map(text.count, ".?!" if ascii_ else ".?!。？！"))
     structure.append(f"stops={min(stops, 4)}")
     if "\n" in text and _ITEM.search(text):
         structure.append("items")
@@ -135,27 +137,30 @@ def groups(ask: Ask) -> list[Group]:
     after_number = False
     for token in _tokens(text):
         first = token[0]
-        if first < "a":  # a number or a symbol: both sort before the letters
-            if "0" <= first <= "9":
-                numbers += 1
-                words.append("0")
-                after_number = True
+        if first >= "a":  # a word: letters sort after digits and the ASCII symbols
+            if first >= "\u3040" and _is_dense(first):
+                words.append("<cjk>")
+                if budget:
+                    run = token[:budget]
+                    budget -= len(run)
+                    dense += run
+                    dense += map(str.__add__, run, run[1:])
+            elif first in "≤≥√∑∫π":
+                symbols.append(token)
+                after_number = False
                 continue
-            symbols.append(token)
-        elif first in "≤≥√∑∫π":
-            symbols.append(token)
-        elif first >= "\u3040" and _is_dense(first):
-            words.append("<cjk>")
-            if budget:
-                run = token[:budget]
-                budget -= len(run)
-                dense += run
-                dense += map(str.__add__, run, run[1:])
-            quantities += after_number
+            else:
+                words.append(token)
+            if after_number:
+                quantities += 1
+                after_number = False
+        elif first <= "9" and first >= "0":
+            numbers += 1
+            words.append("0")
+            after_number = True
         else:
-            words.append(token)
-            quantities += after_number
-        after_number = False
+            symbols.append(token)
+            after_number = False
     structure.append(f"nums={min(numbers, 5)}")
     structure.append(f"qty={min(quantities, 3)}")
     structure.append(f"script={_script(text, words, dense)}")
