@@ -3,6 +3,8 @@ to the learned model: misleading words do not decide."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gateway.config.routing import RoutingSettings
@@ -251,3 +253,26 @@ def test_a_rule_requiring_words_searches_its_pattern_only_where_one_occurs() -> 
     judge = Judge(RoutingSettings(rules=rules))
     assert decide(judge, "What is the sum 2 + 2?") == Verdict(True, "rule:sums@1")
     assert decide(judge, "What is 2 + 2?").reason == "model"
+
+
+def test_a_pattern_searched_behind_a_look_ahead_matches_where_it_would_alone() -> None:
+    from gateway.routing.rules import _caseless, _first_chars
+
+    assert _first_chars(r"\b(?:check|verify)\b") == {"c", "v"}
+    assert _first_chars(r"(?<!no )\bprove|证明+") == {"p", "证"}
+    for unknown in (r"^hi", r"a?b", r"(?:x|\w)", r"[^a]b", r"(?m)$", ""):
+        assert _first_chars(unknown) is None, unknown
+    texts = [
+        "please check my proof. recheck it? no: verify the derivation, then prove it.",
+        "format this proof in latex; 检查一下我的证明对不对。証明をチェックして",
+        "show that the proof is wrong lol, je rigole, шучу 😂",
+        "",
+    ]
+    for rule in RoutingSettings().rules:
+        for pattern in (rule.pattern, rule.unless):
+            if pattern is None:
+                continue
+            fast, plain = _caseless(pattern), re.compile(pattern)
+            for text in texts:
+                spans = [m.span() for m in plain.finditer(text)]
+                assert [m.span() for m in fast.finditer(text)] == spans, (rule.name, text)
