@@ -108,11 +108,12 @@ PROOF_EDIT_UNLESS = (
     r"|fill in|rigou?r\w*|formal(?:ly)?|simplif\w*)\b|检查|验证|对不对|补全|正确|严谨|严格"
 )
 # What the proof rules require before their patterns are searched (the judge searches for each
-# list once, however many rules require it): the verbs of a request to prove ...
+# list once, however many rules require it): the verbs of a request to prove, as the pattern
+# has them ("show that", not "show": "show me the logs" searches no pattern) ...
 PROOF_WORDS = (
-    "prove", "show", "证明", "求证", "証明", "증명", "bewei", "zeig", "weise nach", "démontr",
-    "prouv", "montre", "demuestr", "demostr", "prueba", "pruebe", "muestr", "demonstr", "prova",
-    "mostr", "доказ", "докаж", "покаж",
+    "prove", "show that", "证明", "求证", "証明", "증명", "bewei", "zeig", "weise nach", "démontr",
+    "prouv", "montre", "demuestr", "demostr", "prueba que", "pruebe que", "muestra que",
+    "muestre que", "demonstr", "mostre que", "mostra que", "доказ", "докаж", "покаж",
 )  # fmt: skip
 # ... and the nouns of a proof to check or to lay out.
 PROOF_NOUN_WORDS = (

@@ -40,9 +40,10 @@ _LINE_HEAD = re.compile(  # trace, log, quote and mail lines: one match
 )
 _LOG_LINE = re.compile(rf"\s*+(?:{_LOG_HEAD})")
 # `key: value`, or a key alone ("server:"; a few words and a colon alone are a lead-in:
-# "Check my proof:").
+# "Check my proof:"). The words are matched possessively: no blank, ":" or "=" is in them, so
+# giving letters back could not make a match, only cost the tries.
 _CONFIG_LINE = re.compile(
-    r"^\s*+(?:- )?[\w.\-\"']{1,30}(?:(?: [\w.\-]{1,20}){0,2}\s*[:=]\s*\S|\s*[:=]\s*$)"
+    r"^\s*+(?:- )?[\w.\-\"']{1,30}+(?:(?: [\w.\-]{1,20}+){0,2}\s*[:=]\s*\S|\s*[:=]\s*$)"
 )
 # A code line: indented, or ending in ; { or } (checked on the line's end, not by a regex), or
 # led by a keyword; and not ending like a sentence.

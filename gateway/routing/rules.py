@@ -19,7 +19,9 @@ just kidding", "format this proof in LaTeX" beside "check this proof"). The next
 from __future__ import annotations
 
 import re
-from typing import Literal
+from re import _constants as _c  # type: ignore[attr-defined]
+from re import _parser  # type: ignore[attr-defined]
+from typing import Any, Literal
 
 from gateway.config.routing import RuleSettings
 from gateway.routing.ask import Ask
@@ -122,9 +124,65 @@ class Rule:
 def _caseless(pattern: str) -> re.Pattern[str]:
     """`pattern` for searching lower-cased text case-insensitively: compiled as it is when it
     has no upper-case letter outside its escapes (twice as fast as `re.IGNORECASE`), else with
-    the flag."""
+    the flag. Where every match must start with one of a few known characters, a look-ahead for
+    them goes first: the same matches, but the regex engine skips to those characters instead
+    of trying each position (a pattern led by `\\b(?:check|verify|...)` is searched 2-5 times
+    faster)."""
     letters = re.sub(r"\\.", "", pattern)
-    return re.compile(pattern, 0 if letters == letters.lower() else re.IGNORECASE)
+    if letters != letters.lower():
+        return re.compile(pattern, re.IGNORECASE)
+    compiled = re.compile(pattern)
+    chars = _first_chars(pattern)
+    if chars is None or len(chars) > _MAX_FIRST_CHARS:
+        return compiled
+    ahead = "".join(re.escape(c) for c in sorted(chars))
+    return re.compile(f"(?=[{ahead}])(?:{pattern})")
+
+
+_MAX_FIRST_CHARS = 64
+
+
+def _first_chars(pattern: str) -> set[str] | None:
+    """The characters a match of `pattern` can start with, None when that is not known (an
+    anchor such as `^` first, a class such as `\\w`, an optional start) or the parser's
+    internals differ."""
+    try:
+        return _first_of(_parser.parse(pattern))
+    except Exception:  # the regex module's private parser: any surprise means "not known"
+        return None
+
+
+def _first_of(sub: Any) -> set[str] | None:
+    out: set[str] = set()
+    for op, arg in sub.data:
+        if op in (_c.AT, _c.ASSERT, _c.ASSERT_NOT):
+            if op is _c.AT and arg is not _c.AT_BOUNDARY and arg is not _c.AT_NON_BOUNDARY:
+                return None  # ^, $, \A: the match may start anywhere they hold
+            continue  # a word boundary or a look-around consumes nothing
+        if op is _c.LITERAL:
+            return {chr(arg)}
+        if op is _c.IN:
+            for item, value in arg:
+                if item is _c.LITERAL:
+                    out.add(chr(value))
+                elif item is _c.RANGE and value[1] - value[0] <= _MAX_FIRST_CHARS:
+                    out.update(chr(c) for c in range(value[0], value[1] + 1))
+                else:
+                    return None  # a negated class, a category, a wide range
+            return out
+        if op is _c.BRANCH:
+            for alternative in arg[1]:
+                first = _first_of(alternative)
+                if first is None:
+                    return None
+                out |= first
+            return out
+        if op is _c.SUBPATTERN:
+            return _first_of(arg[3])
+        if op in (_c.MAX_REPEAT, _c.MIN_REPEAT) and arg[0] >= 1:
+            return _first_of(arg[2])
+        return None
+    return None  # the pattern can match the empty string
 
 
 def _alternation(words: tuple[str, ...]) -> re.Pattern[str] | None:

@@ -7,8 +7,8 @@ once), so a word seen before costs one lookup. Thinking goes on at the threshold
 Weights, bias and threshold are read once, at start, from a gzipped JSON file: `{"format": 2,
 "bias": float, "threshold": float, "weights": {feature: weight}, "trained": {...}}`. The shipped
 file (`ask_weights.json.gz`, beside this module) is written by `python -m gateway.routing.train`
-from testkit/routing_eval/train.jsonl; settings may name another file and override the
-threshold.
+from testkit/routing_eval/train.jsonl and train_extra.jsonl; settings may name another file and
+override the threshold.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 (used by gateway/routing/train.py's users: tests/gateway/routing/test_routing_eval.py and
 benchmarks/routing.py).
 
-`train.jsonl` (split "train": the learned scorer is fitted on it) and `eval.jsonl` (split
+`train.jsonl` and `train_extra.jsonl` (split "train", by different authors: the learned scorer
+is fitted on both) and `eval.jsonl` (split
 "tune": the threshold may be chosen on it; "heldout": agreement is reported on it, never used
 for fitting or choosing), written from the rubric by people other than the scorer's author.
 One object a line: id, lang (en, zh, ja, ko, de, fr, es, pt, ru or mixed), label (think | fast,
@@ -25,6 +26,7 @@ from providers.types import ChatRequest
 
 HERE = Path(__file__).parent
 TRAIN = HERE / "train.jsonl"
+TRAIN_EXTRA = HERE / "train_extra.jsonl"
 EVAL = HERE / "eval.jsonl"
 
 

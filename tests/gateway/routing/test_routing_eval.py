@@ -13,15 +13,16 @@ import pytest
 from gateway.config.routing import RoutingSettings
 from gateway.routing.judge import Judge
 from gateway.routing.scorer import SHIPPED
-from testkit.routing_eval import TRAIN, Item, Report, by, load, verdicts
+from testkit.routing_eval import TRAIN, TRAIN_EXTRA, Item, Report, by, load, verdicts
 
 LANGS = {"en", "zh", "ja", "ko", "de", "fr", "es", "pt", "ru"}
 MARGIN = 0.02
-# held out, as measured: overall, adversarial, not adversarial; fast sent to thinking
-OVERALL, ADVERSARIAL, PLAIN, FAST_ON = 0.908, 0.900, 0.918, 0.054
+# held out, as measured: overall, adversarial, not adversarial; fast sent to thinking, think
+# sent to fast
+OVERALL, ADVERSARIAL, PLAIN, FAST_ON, THINK_OFF = 0.935, 0.923, 0.950, 0.042, 0.087
 PER_LANG = {
-    "en": 0.891, "zh": 0.913, "ja": 0.929, "ko": 0.905, "de": 0.905, "fr": 0.930, "es": 0.952,
-    "pt": 0.881, "ru": 0.905, "mixed": 0.938,
+    "en": 0.932, "zh": 0.893, "ja": 0.952, "ko": 0.929, "de": 0.952, "fr": 0.953, "es": 0.976,
+    "pt": 0.976, "ru": 0.929, "mixed": 1.0,
 }  # fmt: skip
 
 
@@ -33,7 +34,7 @@ def held() -> tuple[list[Item], list[bool]]:
 
 
 def test_the_sets_cover_the_rubric_and_do_not_overlap() -> None:
-    train, evaluation = load(TRAIN), load()
+    train, evaluation = load(TRAIN) + load(TRAIN_EXTRA), load()
     assert len(train) >= 2000 and {i.split for i in train} == {"train"}
     assert Counter(i.split for i in evaluation).keys() == {"tune", "heldout"}
     ids = [i.id for i in train + evaluation]
@@ -53,7 +54,7 @@ def test_the_sets_cover_the_rubric_and_do_not_overlap() -> None:
 def test_the_shipped_model_was_trained_on_the_training_set() -> None:
     with gzip.open(SHIPPED, "rt", encoding="utf-8") as fh:
         trained = json.load(fh)["trained"]
-    assert trained["items"] == len(load(TRAIN))
+    assert trained["items"] == len(load(TRAIN)) + len(load(TRAIN_EXTRA))
 
 
 def test_held_out_agreement_stays_at_its_measured_level(
@@ -63,6 +64,7 @@ def test_held_out_agreement_stays_at_its_measured_level(
     overall = Report.of(items, thinking)
     assert overall.agreement >= OVERALL - MARGIN
     assert overall.fast_on <= FAST_ON + MARGIN
+    assert overall.think_off <= THINK_OFF + MARGIN
     adversarial = by(items, thinking, "adversarial")
     assert adversarial["True"].agreement >= ADVERSARIAL - MARGIN
     assert adversarial["False"].agreement >= PLAIN - MARGIN

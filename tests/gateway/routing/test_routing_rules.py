@@ -3,6 +3,8 @@ to the learned model: misleading words do not decide."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gateway.config.routing import RoutingSettings
@@ -46,6 +48,9 @@ def decide(judge: Judge, *texts: str) -> Verdict:
         "¿Puedes demostrar que hay infinitos números primos?",
         "Por favor, demonstre que todo inteiro maior que 1 tem um divisor primo.",
         "Докажите, что сумма углов треугольника равна 180 градусам.",
+        "Muestra que la suma de dos números pares es par.",
+        "Mostre que a soma de dois números pares é par.",
+        "Pruebe que hay infinitos primos.",
         # a joke elsewhere in the ask leaves a real request standing
         "Prove that 0.999... = 1. My friends say it's a trick. Lol.",
     ],
@@ -81,6 +86,18 @@ def test_a_dare_a_joke_a_negation_or_a_quotation_is_not_a_request_to_prove(
 )
 def test_banter_about_proving_goes_fast_by_the_proof_joke_rule(judge: Judge, text: str) -> None:
     assert decide(judge, text) == Verdict(False, "rule:proof-joke@1")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Show me the deploy logs lol",
+        "Muéstrame el menú jaja",
+        "Tenho 3 provas amanhã kkkk, me dá uma dica de estudo",
+    ],
+)
+def test_laughter_without_a_proof_word_is_left_to_the_model(judge: Judge, text: str) -> None:
+    assert decide(judge, text).reason == "model"
 
 
 def test_laughter_beside_a_request_to_prove_leaves_the_request_standing(judge: Judge) -> None:
@@ -236,3 +253,26 @@ def test_a_rule_requiring_words_searches_its_pattern_only_where_one_occurs() -> 
     judge = Judge(RoutingSettings(rules=rules))
     assert decide(judge, "What is the sum 2 + 2?") == Verdict(True, "rule:sums@1")
     assert decide(judge, "What is 2 + 2?").reason == "model"
+
+
+def test_a_pattern_searched_behind_a_look_ahead_matches_where_it_would_alone() -> None:
+    from gateway.routing.rules import _caseless, _first_chars
+
+    assert _first_chars(r"\b(?:check|verify)\b") == {"c", "v"}
+    assert _first_chars(r"(?<!no )\bprove|证明+") == {"p", "证"}
+    for unknown in (r"^hi", r"a?b", r"(?:x|\w)", r"[^a]b", r"(?m)$", ""):
+        assert _first_chars(unknown) is None, unknown
+    texts = [
+        "please check my proof. recheck it? no: verify the derivation, then prove it.",
+        "format this proof in latex; 检查一下我的证明对不对。証明をチェックして",
+        "show that the proof is wrong lol, je rigole, шучу 😂",
+        "",
+    ]
+    for rule in RoutingSettings().rules:
+        for pattern in (rule.pattern, rule.unless):
+            if pattern is None:
+                continue
+            fast, plain = _caseless(pattern), re.compile(pattern)
+            for text in texts:
+                spans = [m.span() for m in plain.finditer(text)]
+                assert [m.span() for m in fast.finditer(text)] == spans, (rule.name, text)
