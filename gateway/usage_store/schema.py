@@ -4,28 +4,38 @@
 unique by its Redis stream entry id, so storing a record twice stores it once, and stored in
 (key, time) order, so one key's records over a range are read together.
 `usage_hour` and `usage_day`: rollups by bucket start (epoch seconds, UTC) and the dimensions
-key, model, provider, route (local/upstream), thinking, status and error code; counters add,
-and the latency histograms (`sketch.py`) add column by column.
+key, model, provider, route (local/upstream), thinking, status and error code: the counters
+and sums, which add. No counter rollup holds a latency histogram: those are the sketch tables'
+(below), read only by a summary that asks for p50/p95.
 `usage_hour_all_keys` and `usage_day_all_keys`: the same with every key together (all the
 dimensions but the key): what a summary that neither groups nor filters by key reads, its size
 growing with models and periods, not with keys.
-`usage_day_key_model`: per day, key and model, the counters and sums without the histograms,
-keyed (key, model, day) so that totals per key or per key and model over a range are read in
-key order: what a summary by key and model without percentiles reads.
+`usage_day_key_model`: per day, key and model, the counters and sums, keyed (key, model,
+day) so that totals per key or per key and model over a range are read in key order: what a
+summary by key and model reads.
 `usage_hour_model_provider` and `usage_day_model_provider`: the same by model and provider only
 (a few dozen rows a period): what a summary over every key by model and/or provider, or by
 nothing but the period, reads (a console's plots).
-`usage_hour_key` and `usage_day_key`: per key alone, the counters and sums without the
-histograms (one row per active key a period): what a summary by key without percentiles reads
-(a console's top keys, a key's budget use).
-`usage_hour_total` and `usage_day_total`: every request of a period together, with the
-histograms (one row a period): what a summary by nothing but the period reads (a console's
-time series).
+`usage_hour_key` and `usage_day_key`: per key alone, the counters and sums (one row per
+active key a period): what a summary by key reads (a console's top keys, a key's budget use).
+`usage_hour_total` and `usage_day_total`: every request of a period together (one row a
+period): what a summary by nothing but the period reads (a console's time series).
 `usage_month_key`, `usage_month_key_model` and `usage_month_all_keys`: per UTC calendar month,
 the counters and sums by key alone, by key and model, and by every dimension but the key: totals
 over a range without percentiles read its whole months here, its other whole days from the
 daily rollups and its part days from the hourly ones (a year by key: about 12 rows a key, not
 365).
+`usage_sketch_*`: the latency and TTFT histograms (`sketch.py`: 40 log buckets each, a count
+per bucket, which add column by column), apart from the counters, written in the same
+transaction: by every dimension per hour (`usage_sketch_hour`: what any summary with p50/p95
+can read, a day as its hours); by every dimension but the key (`_all_keys`), by model and
+provider, and of every request (`_total`), per hour and per day; and by key and model per day
+and per UTC month (`_day_key_model`, `_month_key_model`: what p50/p95 by key, or by key and
+model, read over whole days: 90 days about three months and a day a key and model). A summary
+with p50/p95 reads its counters from the counter rollups and its histograms from the
+narrowest sketch table that answers it, for the same periods and groups (`summary_sql.py`).
+Fewer sketch tables than counter rollups, each a row per group as narrow as it can be: the
+histograms are most of a rollup row's width, so they are written where they are read.
 `usage_schema`: the versions applied.
 """
 
@@ -45,10 +55,14 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     String,
     Table,
+    column,
     func,
     insert,
+    inspect,
     select,
 )
+from sqlalchemy import table as sql_table
+from sqlalchemy.sql.expression import TableClause
 from sqlalchemy.sql.schema import SchemaItem
 
 from gateway.usage_store.buckets import DAY_S, HOUR_S, MONTH
@@ -126,7 +140,8 @@ COUNTERS = (
 SUMS = ("cost", "latency_sum_ms", "ttft_sum_ms")
 LATENCY = tuple(f"lat_{i}" for i in range(BUCKETS))
 TTFT = tuple(f"ttft_{i}" for i in range(BUCKETS))
-ADDED = COUNTERS + SUMS + LATENCY + TTFT  # every rollup column that merges by addition
+SKETCH = LATENCY + TTFT  # a sketch table's columns: the histograms' counts
+ADDED = COUNTERS + SUMS + SKETCH  # every rollup column that merges by addition
 
 
 _DIMENSION_TYPES: dict[str, Any] = {
@@ -205,41 +220,86 @@ class Rollup:
 KEY_MODEL = ("key_id", "model")
 MODEL_PROVIDER = ("model", "provider")
 KEY_ONLY = ("key_id",)
-hourly = _rollup("usage_hour", DIMENSIONS)
-daily = _rollup("usage_day", DIMENSIONS)
-hourly_all_keys = _rollup("usage_hour_all_keys", ALL_KEYS)
-daily_all_keys = _rollup("usage_day_all_keys", ALL_KEYS)
+# The counter rollups: the counters and sums (`TOTALS`).
+hourly = _rollup("usage_hour", DIMENSIONS, TOTALS)
+daily = _rollup("usage_day", DIMENSIONS, TOTALS)
+hourly_all_keys = _rollup("usage_hour_all_keys", ALL_KEYS, TOTALS)
+daily_all_keys = _rollup("usage_day_all_keys", ALL_KEYS, TOTALS)
 daily_key_model = _rollup("usage_day_key_model", KEY_MODEL, TOTALS, key_first=True)
-hourly_model_provider = _rollup("usage_hour_model_provider", MODEL_PROVIDER)
-daily_model_provider = _rollup("usage_day_model_provider", MODEL_PROVIDER)
+hourly_model_provider = _rollup("usage_hour_model_provider", MODEL_PROVIDER, TOTALS)
+daily_model_provider = _rollup("usage_day_model_provider", MODEL_PROVIDER, TOTALS)
 hourly_key = _rollup("usage_hour_key", KEY_ONLY, TOTALS, clustered=True)
 daily_key = _rollup("usage_day_key", KEY_ONLY, TOTALS, clustered=True)
-hourly_total = _rollup("usage_hour_total", ())
-daily_total = _rollup("usage_day_total", ())
+hourly_total = _rollup("usage_hour_total", (), TOTALS)
+daily_total = _rollup("usage_day_total", (), TOTALS)
 monthly_key = _rollup("usage_month_key", KEY_ONLY, TOTALS, clustered=True)
 monthly_key_model = _rollup("usage_month_key_model", KEY_MODEL, TOTALS, key_first=True)
 monthly_all_keys = _rollup("usage_month_all_keys", ALL_KEYS, TOTALS)
-ROLLUPS = {
-    hourly: Rollup(HOUR_S, DIMENSIONS, ADDED),
-    daily: Rollup(DAY_S, DIMENSIONS, ADDED),
-    hourly_all_keys: Rollup(HOUR_S, ALL_KEYS, ADDED),
-    daily_all_keys: Rollup(DAY_S, ALL_KEYS, ADDED),
-    daily_key_model: Rollup(DAY_S, KEY_MODEL, TOTALS),
-    hourly_model_provider: Rollup(HOUR_S, MODEL_PROVIDER, ADDED),
-    daily_model_provider: Rollup(DAY_S, MODEL_PROVIDER, ADDED),
-    hourly_key: Rollup(HOUR_S, KEY_ONLY, TOTALS),
-    daily_key: Rollup(DAY_S, KEY_ONLY, TOTALS),
-    hourly_total: Rollup(HOUR_S, (), ADDED),
-    daily_total: Rollup(DAY_S, (), ADDED),
-    monthly_key: Rollup(MONTH, KEY_ONLY, TOTALS),
-    monthly_key_model: Rollup(MONTH, KEY_MODEL, TOTALS),
-    monthly_all_keys: Rollup(MONTH, ALL_KEYS, TOTALS),
-}
+# The sketch tables: the histograms (`SKETCH`), stored in period order (a page of a summary
+# per period reads its rows' histograms as one range).
+sketch_hour = _rollup("usage_sketch_hour", DIMENSIONS, SKETCH)
+sketch_hour_all_keys = _rollup("usage_sketch_hour_all_keys", ALL_KEYS, SKETCH)
+sketch_day_all_keys = _rollup("usage_sketch_day_all_keys", ALL_KEYS, SKETCH)
+sketch_hour_model_provider = _rollup("usage_sketch_hour_model_provider", MODEL_PROVIDER, SKETCH)
+sketch_day_model_provider = _rollup("usage_sketch_day_model_provider", MODEL_PROVIDER, SKETCH)
+sketch_hour_total = _rollup("usage_sketch_hour_total", (), SKETCH)
+sketch_day_total = _rollup("usage_sketch_day_total", (), SKETCH)
+sketch_day_key_model = _rollup("usage_sketch_day_key_model", KEY_MODEL, SKETCH, clustered=True)
+sketch_month_key_model = _rollup("usage_sketch_month_key_model", KEY_MODEL, SKETCH, clustered=True)
+COUNTER_ROLLUPS = (
+    hourly,
+    daily,
+    hourly_all_keys,
+    daily_all_keys,
+    daily_key_model,
+    hourly_model_provider,
+    daily_model_provider,
+    hourly_key,
+    daily_key,
+    hourly_total,
+    daily_total,
+    monthly_key,
+    monthly_key_model,
+    monthly_all_keys,
+)
+SKETCHES = (
+    sketch_hour,
+    sketch_hour_all_keys,
+    sketch_day_all_keys,
+    sketch_hour_model_provider,
+    sketch_day_model_provider,
+    sketch_hour_total,
+    sketch_day_total,
+    sketch_day_key_model,
+    sketch_month_key_model,
+)
+_GRAIN = {"hour": HOUR_S, "day": DAY_S, "month": MONTH}
+_DIMS = {"all_keys": ALL_KEYS, "model_provider": MODEL_PROVIDER, "total": (), "key": KEY_ONLY}
+_DIMS["key_model"] = KEY_MODEL
+
+
+def _shape(table: Table) -> Rollup:
+    """A rollup's shape, read off its name (`usage[_sketch]_{grain}[_{dimensions}]`)."""
+    parts = table.name.removeprefix("usage_").removeprefix("sketch_").split("_", 1)
+    dims = DIMENSIONS if len(parts) == 1 else _DIMS[parts[1]]
+    return Rollup(_GRAIN[parts[0]], dims, SKETCH if table in SKETCHES else TOTALS)
+
+
+ROLLUPS = {table: _shape(table) for table in (*COUNTER_ROLLUPS, *SKETCHES)}
 # How an insert makes each rollup's increments (`rollup_sql.py`): these grouped from the batch's
 # records; every other one folded from the increments of the rollup it names (finer, holding
-# its dimensions), in this order. Folding reads a batch's hourly groups, fewer than its records
-# where traffic repeats a key, model and status within the hour.
+# its dimensions and columns), in this order. Folding reads a batch's hourly groups, fewer than
+# its records where traffic repeats a key, model and status within the hour.
 FROM_RECORDS = (hourly,)
+
+
+# What a rollup's staged increments hold: its own columns; the hourly rollup's, grouped from
+# the records, the histograms too (`ADDED`: the records are grouped once), which the hourly
+# sketch table takes as they are and the other sketch tables fold from.
+def staged_added(table: Table) -> tuple[str, ...]:
+    return ADDED if table in FROM_RECORDS else ROLLUPS[table].added
+
+
 FOLDED_FROM = {
     hourly_all_keys: hourly,
     daily: hourly,
@@ -254,6 +314,15 @@ FOLDED_FROM = {
     daily_key: hourly_key,
     monthly_key: daily_key,
     monthly_key_model: daily_key_model,
+    sketch_hour: hourly,
+    sketch_hour_all_keys: hourly,
+    sketch_day_key_model: hourly,
+    sketch_month_key_model: sketch_day_key_model,
+    sketch_day_all_keys: sketch_hour_all_keys,
+    sketch_hour_model_provider: sketch_hour_all_keys,
+    sketch_day_model_provider: sketch_hour_model_provider,
+    sketch_hour_total: sketch_hour_model_provider,
+    sketch_day_total: sketch_hour_total,
 }
 
 
@@ -262,7 +331,7 @@ def _v1(conn: Connection) -> None:
         table.create(conn, checkfirst=True)
 
 
-def _fill(conn: Connection, pairs: tuple[tuple[Table, Table], ...]) -> None:
+def _fill(conn: Connection, pairs: tuple[tuple[Table, TableClause], ...]) -> None:
     """Create each table and fill it with its source rollup summed over the dimensions it
     lacks."""
     for table, source in pairs:
@@ -348,12 +417,72 @@ def _v7(conn: Connection) -> None:
 
 def _v8(conn: Connection) -> None:
     """PostgreSQL: the rollups' pages keep room for their rows' updates (`_PG_ROLLUP_STORAGE`;
-    pages written from now on)."""
+    pages written from now on). (The sketch tables, newer, are created so.)"""
     if conn.dialect.name != "postgresql":
         return
     storage = ", ".join(f"{name} = {value}" for name, value in _PG_ROLLUP_STORAGE.items())
-    for table in ROLLUPS:
+    for table in COUNTER_ROLLUPS:
         conn.exec_driver_sql(f"ALTER TABLE {table.name} SET ({storage})")
+
+
+def _v9(conn: Connection) -> None:
+    """The latency histograms move out of the counter rollups into the sketch tables: those
+    by every dimension copied from the keyed rollups' histogram columns, the others folded from
+    them; then each counter rollup that held histograms is rebuilt without them (copied into a
+    new table that takes its name). A store created at this version has none to move."""
+    for table in SKETCHES:
+        table.create(conn, checkfirst=True)
+    held = {
+        table
+        for table in COUNTER_ROLLUPS
+        if LATENCY[0] in {c["name"] for c in inspect(conn).get_columns(table.name)}
+    }
+    if hourly in held:
+        names = ("bucket", *DIMENSIONS, *SKETCH)
+        old_hourly = sql_table(hourly.name, *(column(name) for name in names))
+        old_daily = sql_table(daily.name, *(column(name) for name in names))
+        conn.execute(insert(sketch_hour).from_select(names, select(*old_hourly.c)))
+        _fill(
+            conn,
+            (
+                (sketch_hour_all_keys, sketch_hour),
+                (sketch_day_all_keys, old_daily),
+                (sketch_hour_model_provider, sketch_hour_all_keys),
+                (sketch_day_model_provider, sketch_day_all_keys),
+                (sketch_hour_total, sketch_hour_model_provider),
+                (sketch_day_total, sketch_day_model_provider),
+                (sketch_day_key_model, old_daily),
+            ),
+        )
+        _fill_months(conn, ((sketch_month_key_model, sketch_day_key_model),))
+    for table in COUNTER_ROLLUPS:
+        if table in held:
+            _rebuild(conn, table)
+
+
+def _rebuild(conn: Connection, table: Table) -> None:
+    """`table` copied into a new table of its definition (its columns, primary key, storage),
+    which then takes its name and indexes."""
+    key = [c.name for c in table.primary_key.columns]
+    rebuilt = Table(
+        f"{table.name}_v9",
+        MetaData(),
+        *(c._copy() for c in table.columns),
+        PrimaryKeyConstraint(*key, name=f"{table.name}_v9_pkey"),
+        **table.dialect_kwargs,
+    )
+    rebuilt.create(conn)
+    names = [c.name for c in table.columns]
+    old = sql_table(table.name, *(column(name) for name in names))
+    conn.execute(insert(rebuilt).from_select(names, select(*old.c)))
+    conn.exec_driver_sql(f"DROP TABLE {table.name}")  # and its indexes
+    conn.exec_driver_sql(f"ALTER TABLE {rebuilt.name} RENAME TO {table.name}")
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(
+            f"ALTER TABLE {table.name} RENAME CONSTRAINT {rebuilt.name}_pkey TO {table.name}_pkey"
+        )
+    for index in table.indexes:
+        index.create(conn)
 
 
 # Versioned migrations, in order; each runs once, in the transaction that records it.
@@ -366,6 +495,7 @@ MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = (
     (6, _v6),
     (7, _v7),
     (8, _v8),
+    (9, _v9),
 )
 
 
