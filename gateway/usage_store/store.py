@@ -44,6 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from gateway.usage_store.buckets import DAY_S, MONTH, bucket_start
 from gateway.usage_store.export_sql import export_sql
 from gateway.usage_store.insert_sql import PostgresWriter
+from gateway.usage_store.migrations import migrate
 from gateway.usage_store.queries import (
     ExportQuery,
     Filters,
@@ -51,7 +52,7 @@ from gateway.usage_store.queries import (
     SummaryQuery,
     encode_cursor,
 )
-from gateway.usage_store.schema import ROLLUPS, SKETCH, migrate, records
+from gateway.usage_store.schema import ROLLUPS, SKETCH, records
 from gateway.usage_store.sqlite_writer import PRAGMAS, SqliteWriter
 from gateway.usage_store.summary_rows import summary_row
 from gateway.usage_store.summary_sql import Only, sketch_statement, summary_statement
