@@ -153,7 +153,8 @@ def _after(ordered: list[ColumnElement[Any]], q: SummaryQuery) -> list[ColumnEle
         return [false()]
     if len(ordered) == 1:
         return [ordered[0] > after[0]]
-    return [tuple_(*ordered) > tuple_(*after)]
+    # (the first column's bound too: what an index range is read by)
+    return [ordered[0] >= after[0], tuple_(*ordered) > tuple_(*after)]
 
 
 def _through(ordered: list[ColumnElement[Any]], through: list[Any] | None) -> list[Any]:
@@ -162,7 +163,7 @@ def _through(ordered: list[ColumnElement[Any]], through: list[Any] | None) -> li
         return []
     if len(ordered) == 1:
         return [ordered[0] <= through[0]]
-    return [tuple_(*ordered) <= tuple_(*through)]
+    return [ordered[0] <= through[0], tuple_(*ordered) <= tuple_(*through)]
 
 
 def _paged(stmt: Select[Any], q: SummaryQuery) -> Select[Any]:
