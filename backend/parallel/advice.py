@@ -87,6 +87,7 @@ def recommend(
         batch: decode_step_bytes(
             config, world, expert_parallel=expert_parallel, num_seqs=batch, dtype=dtype,
             context_len=context_len, block_size=block_size,
+            attention_seqs=-(-batch // world) if dp else None,
         )
         for batch in batches
     }  # fmt: skip
@@ -151,8 +152,10 @@ def format_advice(advice: LayoutAdvice, config: ModelConfig) -> str:
             f"  decode step at batch {batch}, {advice.context_len:,} tokens each: attention reads"
             f" {reads.total / 1e9:,.2f} GB on the busiest GPU (latents {reads.latents / 1e9:,.2f},"
             f" weights {reads.weights / 1e9:,.2f}); rank 0 sends "
-            f"{step.total / 1e6:,.2f} MB (all-reduce {step.all_reduce / 1e6:,.2f}, all-to-all "
-            f"{step.all_to_all / 1e6:,.2f}, plan and sampling rows {step.plan / 1e6:,.3f})"
+            f"{step.total / 1e6:,.2f} MB (all-reduce {step.all_reduce / 1e6:,.2f}, "
+            + (f"all-gather {step.all_gather / 1e6:,.2f}, " if step.all_gather else "")
+            + f"all-to-all {step.all_to_all / 1e6:,.2f}, plan and sampling rows "
+            f"{step.plan / 1e6:,.3f})"
         )
     if advice.nodes > 1:
         share = (world - advice.gpus_per_node) / (world - 1)

@@ -135,7 +135,14 @@ def test_v31_both_layouts(v31: Path, capsys: pytest.CaptureFixture[str]) -> None
     latent = 32 * 32768 * 61 * 576 * 2  # batch 32, 32K tokens each, bf16
     tp_reads, dp_reads = tp["attention_reads"]["32"], dp["attention_reads"]["32"]
     assert tp_reads["latents"] == latent and dp_reads["latents"] == latent // 8
-    assert dp["steps"]["32"] == tp["steps"]["32"]  # the same collectives
+    # the attentions' rows join by all-gather (4 rows a GPU at batch 32): half the bytes of
+    # the all-reduce they replace; the rest of the collectives as in the other layout
+    tp32, dp32 = tp["steps"]["32"], dp["steps"]["32"]
+    joins = 61 * 2 * 7 * (32 * 7168 * 2) // 8
+    assert dp32["all_gather"] == 61 * 7 * 4 * 7168 * 2 == joins // 2
+    assert dp32["all_reduce"] == tp32["all_reduce"] - joins
+    assert dp32["all_to_all"] == tp32["all_to_all"] and dp32["plan"] == tp32["plan"]
+    assert dp["steps"]["1"] == tp["steps"]["1"]  # one sequence: the all-reduce is cheaper
     code, h100 = _layout(v31, capsys, "--gpus", "8", "--gpu-memory-gb", "80")
     assert code == 1 and not h100["dp_layout"]["fits"]
     code, two = _layout(v31, capsys, "--gpus", "8", "--nodes", "2", "--gpu-memory-gb", "80")
