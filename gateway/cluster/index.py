@@ -16,16 +16,16 @@ split over ranks is not usable as one.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from backend.engine.blocks import BlockEvicted, BlockStored
 from gateway.cluster.events import AllBlocksCleared, IndexEvent
 
-# block hash -> the nodes that hold it: a mapping node -> mask of its ranks holding it (the
-# index), or a collection of nodes that count as holding it on every rank (pending marks, the
+# block hash -> the nodes that hold it: a dict node -> mask of its ranks holding it (the index),
+# or another collection of nodes that count as holding it on every rank (pending marks, the
 # node's own engine, which answers for its ranks itself)
-HolderLookup = Callable[[bytes], Collection[str] | Mapping[str, int]]
+HolderLookup = Callable[[bytes], Collection[str] | dict[str, int]]
 ALL_RANKS = -1  # a mask with every bit set
 
 
@@ -46,6 +46,7 @@ class PrefixIndex:
     def __init__(self) -> None:
         self._holders: dict[bytes, dict[str, int]] = {}
         self._nodes: dict[str, _NodeState] = {}
+        self._ranked: set[str] = set()  # nodes that held a block on a rank other than 0
 
     @property
     def nodes(self) -> list[str]:
@@ -60,7 +61,12 @@ class PrefixIndex:
         state = self._nodes.get(node)
         return 0 if state is None else len(state.masks)
 
-    def holders(self, block: bytes) -> Mapping[str, int]:
+    @property
+    def ranked_nodes(self) -> Collection[str]:
+        """The nodes that held a block on a rank other than 0 since they were (re)loaded."""
+        return self._ranked
+
+    def holders(self, block: bytes) -> dict[str, int]:
         """The nodes holding `block`, each with the mask of its ranks that hold it."""
         return self._holders.get(block, _NONE)
 
@@ -116,15 +122,18 @@ class PrefixIndex:
     def drop(self, node: str) -> None:
         """Forget `node` and every entry it held."""
         state = self._nodes.pop(node, None)
+        self._ranked.discard(node)
         if state is not None:
             self._clear(node, state)
 
     def prefix_blocks(self, hashes: Sequence[bytes], nodes: Collection[str]) -> dict[str, int]:
         """For each of `nodes`, how many of `hashes` (a prompt's chain) one of its ranks holds
         from the first block on, without a hole."""
-        return longest_prefixes(hashes, nodes, self.holders)
+        return longest_prefixes(hashes, nodes, self.holders, ranked=self._ranked)
 
     def _add(self, node: str, state: _NodeState, h: bytes, rank: int) -> None:
+        if rank:
+            self._ranked.add(node)
         mask = state.masks.get(h, 0) | 1 << rank
         state.masks[h] = mask
         self._holders.setdefault(h, {})[node] = mask
@@ -152,36 +161,53 @@ class PrefixIndex:
         state.masks.clear()
 
 
-_NONE: Mapping[str, int] = {}
+_NONE: dict[str, int] = {}  # never written
 
 
 def longest_prefixes(
-    hashes: Sequence[bytes], nodes: Collection[str], *sources: HolderLookup
+    hashes: Sequence[bytes],
+    nodes: Collection[str],
+    *sources: HolderLookup,
+    ranked: Collection[str] = (),
 ) -> dict[str, int]:
     """Per node, the length of the leading run of `hashes` that one of its ranks holds, by
-    what the sources say (a source naming a node without ranks counts for all of them). One
-    dict lookup per block and source; stops as soon as no node is still matching."""
+    what the sources say (a source naming a node without ranks counts for all of them).
+    `ranked`: the nodes that may hold blocks on several ranks; every other node's blocks are on
+    one, so its run is the run of blocks it holds at all. One dict lookup per block and source
+    (stopping as soon as no node is still matching), then per ranked node one per block of its
+    run and source."""
     result = dict.fromkeys(nodes, 0)
-    alive = dict.fromkeys(nodes, ALL_RANKS)  # node -> its ranks still matching
+    alive = set(nodes)
     for i, h in enumerate(hashes):
-        held: dict[str, int] = {}
+        holding: set[str] = set()
+        for source in sources:
+            holding.update(source(h))
+        dropped = alive - holding
+        for node in dropped:
+            result[node] = i
+        alive -= dropped
+        if not alive:
+            break
+    else:
+        for node in alive:
+            result[node] = len(hashes)
+    for node in ranked:
+        if result.get(node):
+            result[node] = _run_on_one_rank(hashes[: result[node]], node, sources)
+    return result
+
+
+def _run_on_one_rank(hashes: Sequence[bytes], node: str, sources: Sequence[HolderLookup]) -> int:
+    """How many of `hashes` (each held by `node` on some rank) one of its ranks holds from the
+    first on."""
+    mask = ALL_RANKS
+    for i, h in enumerate(hashes):
+        held = 0
         for source in sources:
             found = source(h)
-            if isinstance(found, Mapping):
-                for node, mask in found.items():
-                    held[node] = held.get(node, 0) | mask
-            else:
-                for node in found:
-                    held[node] = ALL_RANKS
-        for node, mask in list(alive.items()):
-            mask &= held.get(node, 0)
-            if mask:
-                alive[node] = mask
-            else:
-                result[node] = i
-                del alive[node]
-        if not alive:
-            return result
-    for node in alive:
-        result[node] = len(hashes)
-    return result
+            if node in found:
+                held |= found[node] if isinstance(found, dict) else ALL_RANKS
+        mask &= held
+        if not mask:
+            return i
+    return len(hashes)

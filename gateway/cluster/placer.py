@@ -20,7 +20,7 @@ error).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Sequence
 
 import aiohttp
 import structlog
@@ -119,10 +119,13 @@ class ClusterPlacer:
 
         lookups = (own_blocks, self._peer_blocks, self.pending.lookup(now))
         size = self._block_size
-        placement = place(self._node, hashes, num_tokens, size, loads, self._weights, *lookups)
+        ranked = self._follower.index.ranked_nodes
+        placement = place(
+            self._node, hashes, num_tokens, size, loads, self._weights, *lookups, ranked=ranked
+        )
         return placement, loads
 
-    def _peer_blocks(self, block: bytes) -> Mapping[str, int]:
+    def _peer_blocks(self, block: bytes) -> dict[str, int]:
         """The index's holders (with their ranks) but this node (whose own engine answers for
         it: `cached_prefix` is its longest prefix on any one rank)."""
         holders = self._follower.index.holders(block)

@@ -98,7 +98,8 @@ def test_a_prefix_split_over_ranks_counts_its_longest_part_on_one_rank() -> None
     assert index.num_blocks("a") == 4
     # a source without ranks (pending marks, the node's own engine) counts for every rank
     pending = {hashes[2]: ["a"], hashes[3]: ["a"]}
-    found = longest_prefixes(hashes, ["a"], index.holders, lambda h: pending.get(h, ()))
+    lookups = (index.holders, lambda h: pending.get(h, ()))
+    found = longest_prefixes(hashes, ["a"], *lookups, ranked=index.ranked_nodes)
     assert found == {"a": 4}
 
 

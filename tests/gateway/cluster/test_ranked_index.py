@@ -178,7 +178,8 @@ async def test_the_cluster_scores_a_node_as_its_own_placement_does(
         assert f.index.prefix_blocks(chain, ["dp"]) == {"dp": own}
         loads = {"me": NodeLoad(0, 0, 100), "dp": NodeLoad(0, 0, 100)}
         weights = Weights(forward_cost_tokens=0.0)
-        choice = place("me", chain, len(tokens), BS, loads, weights, f.index.holders)
+        ranked = f.index.ranked_nodes
+        choice = place("me", chain, len(tokens), BS, loads, weights, f.index.holders, ranked=ranked)
         assert choice.cached_blocks == min(own, cacheable_blocks(len(tokens), BS))
         assert choice.node_id == ("dp" if own else "me")
         if own:
