@@ -10,8 +10,10 @@ GPU caches every token's latent and the tokens that fit one GPU are also the nod
 Over more than one GPU it also prints the parallel engine's two layouts (``backend.parallel``),
 tensor-parallel attention and data-parallel attention: the settings, the weights each GPU
 holds, the latent-cache tokens per GPU and per node, the attention bytes the busiest GPU reads
-per decode step and the bytes rank 0 puts into collectives per step. Sizes in decimal GB
-(10^9 bytes).
+per decode step and the bytes rank 0 puts into collectives per step, then what data-parallel
+attention caches against tensor-parallel attention: per byte of cache (x the GPUs per node,
+exactly) and per node after each layout's weights (less: every GPU holds the attention whole).
+Sizes in decimal GB (10^9 bytes).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from backend.engine.engine_config import EngineConfig
 from backend.model.config import ConfigError, ModelConfig
 from backend.model.dtypes import DTYPE_NAMES, torch_dtype
 from backend.model.footprint import WeightBytes, activation_bytes_per_token, weight_bytes
-from backend.parallel.advice import LayoutAdvice, format_advice, recommend
+from backend.parallel.advice import LayoutAdvice, compare, format_advice, format_gain, recommend
 
 GB = 1e9
 _DEFAULTS = EngineConfig()
@@ -201,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             for dp in (False, True)
         ]
     fits = plan.fits and (not layouts or any(advice.fits for advice in layouts))
+    gain = compare(*layouts) if layouts else None
     if args.json:
         named = [{**asdict(advice), "world": advice.world} for advice in layouts]
         print(
@@ -210,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                     "fits": fits,
                     "layout": named[0] if named else None,
                     "dp_layout": named[1] if named else None,
+                    "dp_gain": asdict(gain) if gain else None,
                 },
                 indent=2,
             )
@@ -218,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         print(format_plan(plan, args.dtype))
         for advice in layouts:
             print(format_advice(advice, config))
+        if gain is not None:
+            print(format_gain(gain, *layouts))
     return 0 if fits else 1
 
 

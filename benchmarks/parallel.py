@@ -15,7 +15,10 @@ missing) into an engine with ``tensor_parallel`` ranks, one torch thread per ran
 decode steps (no drafts).
 Every rank counts the payload bytes it puts into collectives and the latent bytes its
 attention layers read (one row per context token and decoder layer, from the batches each
-rank's attention ran); rank 0 collects them after the run. Layouts: ``tp`` (heads split, every
+rank's attention ran); rank 0 collects them after the run. The "all-reduce" column is the
+analytic count of the same step with every attention's rows joined by all-reduce (as
+data-parallel attention joined them before its all-gather; under tensor parallel the count
+itself). Layouts: ``tp`` (heads split, every
 rank attends to every sequence), ``dp`` (data-parallel attention, the sequences spread over
 the ranks by the placement) and ``dp-uneven`` (all but the prompts' last 16 tokens shared and
 cached on rank 0 by a request before: every sequence placed there, the other ranks attend to
@@ -146,11 +149,17 @@ def _rank_row(
     more a step; under ``dp`` the busiest rank's ceil(S / N) sequences, as the placement
     balances them; under ``dp-uneven`` every sequence on rank 0)."""
     context = prompt_tokens + 2 + (steps - 1) / 2
+    dp = mode.startswith("dp")
+    busiest = batch if mode == "dp-uneven" else -(-batch // ranks)  # sequences on one rank
     sent = decode_step_bytes(
         config, ranks, expert_parallel=expert_parallel, num_seqs=batch, dtype=torch.float32,
         rank=before.rank, context_len=round(context), block_size=BLOCK_SIZE,
+        attention_seqs=busiest if dp else None,
     )  # fmt: skip
-    dp = mode.startswith("dp")
+    reduced = decode_step_bytes(  # the same step with every join an all-reduce
+        config, ranks, expert_parallel=expert_parallel, num_seqs=batch, dtype=torch.float32,
+        rank=before.rank, context_len=round(context), block_size=BLOCK_SIZE,
+    )  # fmt: skip
     layout = Layout(before.rank, ranks, expert_parallel, data_parallel_attention=dp)
     if mode == "dp-uneven":  # rank 0 attends to every sequence, as a tensor parallel rank does
         layout = Layout(before.rank, ranks, expert_parallel)
@@ -164,6 +173,7 @@ def _rank_row(
         "wait_ms": (after.collective_seconds - before.collective_seconds) / steps * 1e3,
         "sent": (after.bytes_sent - before.bytes_sent) / steps,
         "sent_analytic": sent.total,
+        "sent_all_reduce": reduced.total,
         "latents": (after.latent_bytes_read - before.latent_bytes_read) / steps,
         "latents_analytic": per_token * context,
     }
@@ -190,7 +200,7 @@ def main() -> None:
     print(
         f"{'layout':>9} {'ranks':>5} {'step ms':>8} {'tokens/s':>9} {'comm':>5}  "
         f"{'rank':>4} {'attn ms':>7} {'coll ms':>7} {'collectives B':>14} {'analytic':>10} "
-        f"{'ratio':>6} {'latents read B':>15} {'analytic':>10} {'ratio':>6}"
+        f"{'ratio':>6} {'all-reduce':>10} {'latents read B':>15} {'analytic':>10} {'ratio':>6}"
     )
     for ranks in (int(r) for r in args.ranks.split(",")):
         modes = ["tp"] if ranks == 1 else args.modes.split(",")
@@ -209,6 +219,7 @@ def main() -> None:
                     f"{'':>41}{each['rank']:>4} {each['attn_ms']:>7.2f} {each['wait_ms']:>7.2f} "
                     f"{each['sent']:>14,.0f} "
                     f"{each['sent_analytic']:>10,} {_ratio(each['sent'], each['sent_analytic'])} "
+                    f"{each['sent_all_reduce']:>10,} "
                     f"{each['latents']:>15,.0f} {each['latents_analytic']:>10,.0f} "
                     f"{_ratio(each['latents'], each['latents_analytic'])}"
                 )

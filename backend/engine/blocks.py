@@ -34,7 +34,7 @@ class BlockStored:
 
 @dataclass(frozen=True, slots=True)
 class BlockEvicted:
-    """The content cached under `block_hash` is gone (from `rank`'s pool, the node's last)."""
+    """The content cached under `block_hash` is gone from `rank`'s pool."""
 
     block_hash: bytes
     rank: int = 0

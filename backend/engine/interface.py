@@ -98,6 +98,8 @@ class EngineStats:
     spec_accepted_tokens_total: int = 0
     spec_verifications_total: int = 0
     spec_draft_seconds_total: float = 0.0
+    # prefix-cache pools: one per data-parallel attention rank, else 1
+    num_attention_ranks: int = 1
 
     @property
     def spec_acceptance_rate(self) -> float:

@@ -72,6 +72,7 @@ class LLMEngine:
         num_blocks = num_cache_blocks(config, model.config, mtp=model.num_mtp_layers > 0)
         self.runner = ModelRunner(model, config, num_blocks)
         self.block_manager: BlockPool
+        self.attention_ranks = model.attention_ranks
         if model.attention_ranks > 1:  # a pool of num_blocks per attention rank
             self.block_manager = RankedBlockManager(
                 model.attention_ranks, num_blocks, model.attention_pool_stride,
@@ -235,6 +236,7 @@ class LLMEngine:
             spec_accepted_tokens_total=self._spec.accepted,
             spec_verifications_total=self._spec.verifications,
             spec_draft_seconds_total=self._spec.draft_seconds,
+            num_attention_ranks=self.attention_ranks,
         )
 
     def _note_first_schedule(self, scheduled: SchedulerOutput) -> None:

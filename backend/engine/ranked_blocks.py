@@ -10,9 +10,10 @@ where `backend.engine.placement.placement_cost` is lowest: its uncached prompt t
 held), among the ranks with room for it; ties go to the lowest rank. Preemption frees only
 sequences of the same pool (`shares_pool`).
 
-The node's prefix-cache events are the union of the pools': a block is stored when its first
-pool registers it and evicted when its last pool lets it go, so the cluster's index sees what
-the node holds; each event carries the rank that caused it.
+The node's prefix-cache events are the pools' own, each carrying its rank: a block two pools
+hold is stored twice (rank by rank) and evicted rank by rank, so the cluster's index knows which
+rank holds which block, and scores a node by the longest cached prefix on any one rank (as
+`place` and `cached_prefix_blocks` do here): a prefix split over ranks is not usable as one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from backend.engine.blocks import BlockEvent, BlockManager, BlockStored
+from backend.engine.blocks import BlockEvent, BlockManager
 from backend.engine.placement import PlacementWeights, placement_cost
 from backend.engine.request import Request
 
@@ -49,7 +50,6 @@ class RankedBlockManager:
         self.num_blocks = ranks * blocks_per_rank
         self.weights = weights or PlacementWeights()
         self._on_event = on_event
-        self._holders: dict[bytes, set[int]] = {}  # block hash -> the ranks holding it
         self.pools = [
             BlockManager(
                 blocks_per_rank, block_size, hash_seed, self._relay(rank), first_block=rank * stride
@@ -146,20 +146,10 @@ class RankedBlockManager:
         return self.pools[self.place(seq) if rank is None else rank]
 
     def _relay(self, rank: int) -> Callable[[BlockEvent], None]:
-        """Rank `rank`'s events, passed on where they change what the node holds."""
+        """Rank `rank`'s events, passed on with its rank."""
 
         def relay(event: BlockEvent) -> None:
-            holders = self._holders.setdefault(event.block_hash, set())
-            first = not holders
-            if isinstance(event, BlockStored):
-                holders.add(rank)
-                changed = first
-            else:
-                holders.discard(rank)
-                changed = not holders
-                if changed:
-                    del self._holders[event.block_hash]
-            if changed and self._on_event is not None:
+            if self._on_event is not None:
                 self._on_event(replace(event, rank=rank))
 
         return relay

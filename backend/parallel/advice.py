@@ -36,6 +36,7 @@ class LayoutAdvice:
     data_parallel_attention: bool
     root_weight_bytes: int  # rank 0 (it also holds the MTP head the drafter reads)
     worker_weight_bytes: int
+    cache_bytes: int  # per GPU, what the weights and other_bytes leave for the latent cache
     cache_tokens: int  # per GPU
     cache_tokens_per_node: int  # tensor parallel: one GPU's (every GPU caches every latent)
     cache_tokens_total: int  # the cluster's
@@ -80,12 +81,13 @@ def recommend(
         for rank in range(min(world, 2))
     ]
     per_token = config.cache_bytes_per_token(dtype, include_mtp=include_mtp)
-    left = gpu_memory_bytes - max(sizes) - other_bytes
-    tokens = max(0, left) // per_token // block_size * block_size
+    left = max(0, gpu_memory_bytes - max(sizes) - other_bytes)
+    tokens = left // per_token // block_size * block_size
     steps = {
         batch: decode_step_bytes(
             config, world, expert_parallel=expert_parallel, num_seqs=batch, dtype=dtype,
             context_len=context_len, block_size=block_size,
+            attention_seqs=-(-batch // world) if dp else None,
         )
         for batch in batches
     }  # fmt: skip
@@ -97,7 +99,7 @@ def recommend(
         for batch in batches
     }  # fmt: skip
     return LayoutAdvice(
-        nodes, gpus_per_node, expert_parallel, dp, sizes[0], sizes[-1], tokens,
+        nodes, gpus_per_node, expert_parallel, dp, sizes[0], sizes[-1], left, tokens,
         tokens * gpus_per_node if dp else tokens, tokens * world if dp else tokens,
         context_len, steps, reads, tokens >= block_size,
     )  # fmt: skip
@@ -150,8 +152,10 @@ def format_advice(advice: LayoutAdvice, config: ModelConfig) -> str:
             f"  decode step at batch {batch}, {advice.context_len:,} tokens each: attention reads"
             f" {reads.total / 1e9:,.2f} GB on the busiest GPU (latents {reads.latents / 1e9:,.2f},"
             f" weights {reads.weights / 1e9:,.2f}); rank 0 sends "
-            f"{step.total / 1e6:,.2f} MB (all-reduce {step.all_reduce / 1e6:,.2f}, all-to-all "
-            f"{step.all_to_all / 1e6:,.2f}, plan and sampling rows {step.plan / 1e6:,.3f})"
+            f"{step.total / 1e6:,.2f} MB (all-reduce {step.all_reduce / 1e6:,.2f}, "
+            + (f"all-gather {step.all_gather / 1e6:,.2f}, " if step.all_gather else "")
+            + f"all-to-all {step.all_to_all / 1e6:,.2f}, plan and sampling rows "
+            f"{step.plan / 1e6:,.3f})"
         )
     if advice.nodes > 1:
         share = (world - advice.gpus_per_node) / (world - 1)
@@ -165,3 +169,54 @@ def format_advice(advice: LayoutAdvice, config: ModelConfig) -> str:
         else "layout does NOT fit: the weights leave no block of latent cache on rank 0"
     )
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class CacheGain:
+    """Data-parallel against tensor-parallel attention over the same GPUs, in cache tokens."""
+
+    per_byte: float  # tokens per byte of latent cache: a token's latent on 1 GPU, not on all
+    per_node: float  # tokens per node, after each layout's weights
+    extra_weight_bytes: int  # per GPU (the busiest), that data-parallel attention holds more
+    tp_cache_bytes: int  # per GPU, left for the cache
+    dp_cache_bytes: int
+
+
+def compare(tp: LayoutAdvice, dp: LayoutAdvice) -> CacheGain:
+    """What `dp` caches against `tp`: per byte of cache, each of a node's GPUs holds distinct
+    tokens under data-parallel attention and the same tokens under tensor-parallel attention
+    (a gain of exactly the GPUs per node); per node, the attention's weights whole on every GPU
+    take part of each GPU's cache."""
+    copies_tp, copies_dp = tp.gpus_per_node, 1  # GPUs of a node holding a cached token's latent
+    per_node = dp.cache_tokens_per_node / tp.cache_tokens_per_node if tp.cache_tokens else 0.0
+    tp_weights = max(tp.root_weight_bytes, tp.worker_weight_bytes)
+    dp_weights = max(dp.root_weight_bytes, dp.worker_weight_bytes)
+    return CacheGain(
+        copies_tp / copies_dp, per_node, dp_weights - tp_weights, tp.cache_bytes, dp.cache_bytes
+    )
+
+
+def format_gain(gain: CacheGain, tp: LayoutAdvice, dp: LayoutAdvice) -> str:
+    gpus, nodes = tp.gpus_per_node, tp.nodes
+    per_byte = (
+        f"  x{gain.per_byte:g} per byte of cache: a cached token's latent sits on one of the "
+        f"{gpus} GPUs of a node, not on every one of them"
+    )
+    if nodes > 1:
+        per_byte += f" (x{gain.per_byte * nodes:g} over the {nodes} nodes)"
+    if gain.per_node:
+        per_node = (
+            f"  x{gain.per_node:.2f} per node after weights ({dp.cache_tokens_per_node:,} "
+            f"against {tp.cache_tokens_per_node:,} tokens)"
+        )
+    else:
+        per_node = "  per node after weights: tensor-parallel attention leaves no cache"
+    why = (
+        f": the attention's weights whole on every GPU take {gain.extra_weight_bytes / 1e9:,.1f}"
+        f" GB more of each GPU, leaving {gain.dp_cache_bytes / 1e9:,.1f} GB of cache per GPU "
+        f"against {gain.tp_cache_bytes / 1e9:,.1f} GB"
+    )
+    return "\n".join(
+        ["data-parallel against tensor-parallel attention, tokens of latent cache:", per_byte]
+        + [per_node + why]
+    )

@@ -182,6 +182,19 @@ class RankGroup:
         self._wait(work, "broadcast", sent, timeout)
         return _unstage(staged, tensor)
 
+    def all_gather(self, tensor: Tensor) -> Tensor:
+        """Every rank's ``tensor`` (same shape on every rank), stacked in rank order:
+        [world, *shape], on ``tensor``'s device."""
+        self._check()
+        if self.world == 1:
+            return tensor.unsqueeze(0)
+        staged = self._staged("all_gather", tensor.contiguous())
+        out = torch.empty((self.world, *staged.shape), dtype=staged.dtype, device=staged.device)
+        work = self._pg.allgather(list(out.unbind(0)), staged, self.timeout)
+        # ring all-gather: each rank passes on N - 1 chunks of the tensor's size
+        self._wait(work, "all_gather", (self.world - 1) * _nbytes(tensor), None)
+        return out.to(tensor.device)
+
     def gather_to_root(self, tensor: Tensor) -> list[Tensor] | None:
         """Every rank's ``tensor`` (same shape) at rank 0, in rank order; None elsewhere."""
         self._check()

@@ -10,7 +10,9 @@ Communication per decode step, per rank, as ``backend.parallel`` sends it (T new
 sequences times 1 + drafts; D hidden; e bytes per activation; N ranks):
   - all-reduce (ring: each rank sends 2 (N - 1) / N of the tensor) of T x D after the
     embedding, each attention and each FFN of the decoder layers (and of the MTP layer when
-    drafting);
+    drafting); with data-parallel attention, each attention's rows join instead by an
+    all-gather of every rank's rows, padded to the busiest rank's B (ring: each rank sends
+    (N - 1) x B x D), where that is fewer bytes (``gather_is_cheaper``: N x B < 2 T);
   - with expert parallel, per MoE layer: split counts (N - 1) x 8 bytes, then the dispatched
     rows, their expert ids and the returned rows. A rank's T / N tokens pick k experts each;
     under uniform routing (N - 1) / N of those pairs leave the rank, each way;
@@ -100,6 +102,13 @@ def _layer_kinds(config: ModelConfig, include_mtp: bool) -> list[tuple[int, Deco
     return kinds
 
 
+def gather_is_cheaper(rows: int, busiest: int, world: int) -> bool:
+    """Whether ``world`` ranks join a step's ``rows`` attention rows, ``busiest`` of them on
+    one rank, in fewer bytes by an all-gather padded to ``busiest`` rows ((N - 1) x B rows a
+    rank) than by a ring all-reduce of all of them (2 (N - 1) / N x T)."""
+    return world * busiest < 2 * rows
+
+
 @dataclass(frozen=True)
 class StepBytes:
     """Bytes one rank sends in one decode step, by kind (``total`` sums them)."""
@@ -108,10 +117,11 @@ class StepBytes:
     all_to_all: int
     plan: int
     logits: int
+    all_gather: int = 0
 
     @property
     def total(self) -> int:
-        return self.all_reduce + self.all_to_all + self.plan + self.logits
+        return self.all_reduce + self.all_gather + self.all_to_all + self.plan + self.logits
 
 
 def decode_step_bytes(
@@ -125,9 +135,11 @@ def decode_step_bytes(
     rank: int = 0,
     context_len: int = 1,
     block_size: int = 64,
+    attention_seqs: int | None = None,
 ) -> StepBytes:
     """Analytic bytes rank ``rank`` sends in a decode step of ``num_seqs`` sequences, each with
-    ``drafts`` draft tokens verified (and, with drafts, the MTP layer run over the step)."""
+    ``drafts`` draft tokens verified (and, with drafts, the MTP layer run over the step);
+    ``attention_seqs``: with data-parallel attention, the sequences of the busiest rank."""
     if world == 1:
         return StepBytes(0, 0, 0, 0)
     width = torch.empty((), dtype=dtype).element_size()
@@ -135,6 +147,13 @@ def decode_step_bytes(
     row = tokens * config.hidden_size * width
     layers = config.num_hidden_layers
     reduces = 1 + 2 * layers + (3 if drafts else 0)  # embedding, attention + FFN per layer
+    all_gather = 0
+    if attention_seqs is not None:
+        busiest = attention_seqs * (1 + drafts)
+        if gather_is_cheaper(tokens, busiest, world):
+            joins = layers + (1 if drafts else 0)  # the attentions, the MTP layer's included
+            reduces -= joins
+            all_gather = joins * (world - 1) * busiest * config.hidden_size * width
     all_reduce = reduces * (2 * (world - 1) * row // world)
     all_to_all = 0
     if expert_parallel:
@@ -155,7 +174,7 @@ def decode_step_bytes(
         plan = (world - 1) * per_worker
     else:
         logits = tokens * -(-config.vocab_size // world) * 4
-    return StepBytes(all_reduce, all_to_all, plan, logits)
+    return StepBytes(all_reduce, all_to_all, plan, logits, all_gather)
 
 
 @dataclass(frozen=True)

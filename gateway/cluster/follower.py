@@ -9,6 +9,8 @@ a lost connection resyncs from the snapshot. When Redis cannot be read for longe
 liveness TTL, no peer counts as live (requests are served locally). Every peer's join, leave
 and incompatibility (another checkpoint or block size: its blocks are never compared with this
 node's) is logged once per transition, and `peers` shows them (gateway/cluster/membership.py).
+Nodes of both index formats are read (`gateway.cluster.keys`): a format 1 node's blocks count as
+its rank 0's; a format 2 node's carry their ranks, in its stream and its snapshot.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from backend.engine.block_hash import HASH_SIZE
-from gateway.cluster.events import MalformedBatch, decode_batch
+from gateway.cluster.events import MalformedBatch, decode_entry
 from gateway.cluster.index import Applied, PrefixIndex
-from gateway.cluster.keys import ClusterKeys, NodeRecord
+from gateway.cluster.keys import ClusterKeys, NodeRecord, decode_masks, parse_root
 from gateway.cluster.peers import PeerView
 from gateway.cluster.scoring import NodeLoad
 from gateway.config.cluster import ClusterSettings
@@ -108,7 +110,8 @@ class IndexFollower:
             except (ValueError, KeyError, TypeError):
                 log.warning("cluster_bad_record", node=node)
                 continue
-            if record.cache_root == self._cache_root:
+            root, index_format = parse_root(record.cache_root)
+            if root == self._cache_root and index_format:
                 records[node] = record
             else:
                 foreign[node] = record
@@ -136,8 +139,11 @@ class IndexFollower:
             self.index.drop(node)
             return
         epoch, seq, blob = int(snap[b"epoch"]), int(snap[b"seq"]), snap.get(b"hashes", b"")
-        hashes = (blob[i : i + HASH_SIZE] for i in range(0, len(blob), HASH_SIZE))
-        self.index.load_snapshot(node, epoch, seq, hashes)
+        hashes = [blob[i : i + HASH_SIZE] for i in range(0, len(blob), HASH_SIZE)]
+        record = self._records.get(node)
+        ranked = record is not None and parse_root(record.cache_root)[1] == 2
+        masks = decode_masks(snap.get(b"ranks", b""), len(hashes)) if ranked else None
+        self.index.load_snapshot(node, epoch, seq, hashes, masks)
         self._positions[node] = f"{epoch}-{seq}"
 
     async def read_streams(self, block_ms: int) -> None:
@@ -162,8 +168,8 @@ class IndexFollower:
             sid = entry_id.decode()
             epoch, _, seq = sid.partition("-")
             try:
-                events = decode_batch(fields[b"d"])
-            except (MalformedBatch, KeyError):
+                events = decode_entry(fields)
+            except MalformedBatch:
                 log.warning("cluster_bad_entry", node=node, id=sid)
                 await self.resync(node)
                 return
@@ -226,6 +232,9 @@ class IndexFollower:
     def _why_incompatible(self, record: NodeRecord) -> str:
         if record.block_size and self._block_size and record.block_size != self._block_size:
             return f"block size {record.block_size} there, {self._block_size} here"
+        root, index_format = parse_root(record.cache_root)
+        if root == self._cache_root and not index_format:
+            return f"an index format this node cannot read (cache root {record.cache_root!r})"
         return "another checkpoint (its cache root differs)"
 
     def _forget(self, node: str) -> None:

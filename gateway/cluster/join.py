@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from backend.engine.block_hash import root_hash
 from gateway.cluster.follower import IndexFollower
 from gateway.cluster.index import PrefixIndex
-from gateway.cluster.keys import ClusterKeys, NodeRecord
+from gateway.cluster.keys import ClusterKeys, NodeRecord, published_root
 from gateway.cluster.node import ClusterNode
 from gateway.cluster.placer import ClusterPlacer
 from gateway.cluster.publisher import BlockPublisher
@@ -37,6 +37,8 @@ async def join_cluster(
     settings = node.settings
     root = root_hash(engine.hash_seed, engine.block_size)
     block_size = engine.block_size
+    # several attention ranks: blocks published with their ranks (index format 2)
+    ranked = engine.stats().num_attention_ranks > 1
 
     def local_load() -> NodeLoad:
         s = engine.stats()
@@ -48,7 +50,7 @@ async def join_cluster(
         total = engine.stats().num_total_blocks
         return NodeRecord(
             node.url,
-            root.hex(),
+            published_root(root.hex(), ranked=ranked),
             epoch,
             load.waiting,
             load.running_tokens,
@@ -57,7 +59,9 @@ async def join_cluster(
             block_size,
         )
 
-    publisher = BlockPublisher(redis, keys, node.node_id, node.buffer, record, settings)
+    publisher = BlockPublisher(
+        redis, keys, node.node_id, node.buffer, record, settings, ranked=ranked
+    )
     follower = IndexFollower(
         redis,
         keys,

@@ -4,13 +4,17 @@ The prompt's reusable blocks, hashed with the engine's own chain when the prompt
 (`PreparedPrompt.block_hashes`), are scored on every live node (`scoring`): this node's cached
 prefix from its own engine's block manager (exact, and fresher than its events coming back
 through Redis), a peer's from the in-memory index, and every node's pending marks; the chosen
-node's blocks are marked pending. `fit` scores the same way without marking, for the router's
-local-or-upstream choice, so the router and the placer see the same engine and prefix.
-A forward goes to the peer's internal engine endpoint; if that peer cannot be reached, or sends
-nothing within `forward_first_byte_timeout_s` (or `forward_idle_timeout_s` between lines) before
-anything was generated, the request is served here instead and the peer is left out until its
-liveness would have expired. A peer silent for `forward_idle_timeout_s` after it generated
-something ends the request with an engine error (the client's answer ends with an error).
+node's blocks are marked pending. A node's cached prefix is its longest on any one attention
+rank (`gateway.cluster.index`). A forward sends the prompt alone, not the rank: the peer's
+engine places it on its ranks by the same cost against its own pools (exact, and fresher than
+the index), so it finds the rank holding the prefix itself. `fit` scores the same way without
+marking, for the router's local-or-upstream choice, so the router and the placer see the same
+engine and prefix. A forward goes to the peer's internal engine endpoint; if that peer cannot be
+reached, or sends nothing within `forward_first_byte_timeout_s` (or `forward_idle_timeout_s`
+between lines) before anything was generated, the request is served here instead and the peer is
+left out until its liveness would have expired. A peer silent for `forward_idle_timeout_s` after
+it generated something ends the request with an engine error (the client's answer ends with an
+error).
 """
 
 from __future__ import annotations
@@ -115,13 +119,19 @@ class ClusterPlacer:
 
         lookups = (own_blocks, self._peer_blocks, self.pending.lookup(now))
         size = self._block_size
-        placement = place(self._node, hashes, num_tokens, size, loads, self._weights, *lookups)
+        ranked = self._follower.index.ranked_nodes
+        placement = place(
+            self._node, hashes, num_tokens, size, loads, self._weights, *lookups, ranked=ranked
+        )
         return placement, loads
 
-    def _peer_blocks(self, block: bytes) -> Collection[str]:
-        """The index's holders but this node (whose own engine answers for it)."""
+    def _peer_blocks(self, block: bytes) -> dict[str, int]:
+        """The index's holders (with their ranks) but this node (whose own engine answers for
+        it: `cached_prefix` is its longest prefix on any one rank)."""
         holders = self._follower.index.holders(block)
-        return [n for n in holders if n != self._node] if self._node in holders else holders
+        if self._node not in holders:
+            return holders
+        return {n: mask for n, mask in holders.items() if n != self._node}
 
     def place(
         self,

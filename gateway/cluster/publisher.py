@@ -4,10 +4,14 @@ The engine thread hands block events to a `BlockEventBuffer`; every `flush_s` th
 drains it, numbers the events (seq, 1-based within an epoch) and writes them as one stream entry
 `<epoch>-<first seq>`, in the same MULTI as the snapshot when one is due, so a snapshot always
 names the exact stream position it reflects. It keeps its own copy of the cached hashes (the
-snapshot's content). A start is a new epoch whose first event is `AllBlocksCleared`. When a
-write fails (or Redis lost the snapshot, say after a restart without persistence), the next
-tick opens a new epoch with a full snapshot, so readers resync instead of missing events.
-Every `heartbeat_s` the liveness record (address, cache root, load) is written with a TTL.
+snapshot's content: each cached hash with the mask of the ranks holding it). With `ranked` (an
+engine of several data-parallel attention ranks) entries and snapshot are in index format 2,
+with each block's rank (`gateway.cluster.events`, `gateway.cluster.keys`); else in format 1,
+which readers of format 1 alone read too. A start is a new epoch whose first event is
+`AllBlocksCleared`. When a write fails (or Redis lost the snapshot, say after a restart without
+persistence), the next tick opens a new epoch with a full snapshot, so readers resync instead of
+missing events. Every `heartbeat_s` the liveness record (address, cache root, load) is written
+with a TTL.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from backend.engine.blocks import BlockEvent, BlockEvicted, BlockStored
-from gateway.cluster.events import AllBlocksCleared, IndexEvent, encode_batch
-from gateway.cluster.keys import ClusterKeys, NodeRecord
+from gateway.cluster.events import AllBlocksCleared, IndexEvent, entry_fields
+from gateway.cluster.keys import ClusterKeys, NodeRecord, encode_masks
 from gateway.config.cluster import ClusterSettings
 
 log = structlog.get_logger("gateway.cluster.publisher")
@@ -58,8 +62,11 @@ class BlockPublisher:
         buffer: BlockEventBuffer,
         record: Callable[[int], NodeRecord],
         settings: ClusterSettings,
+        *,
+        ranked: bool = False,
     ) -> None:
         self._redis = redis
+        self._ranked = ranked
         self._keys = keys
         self._node = node_id
         self._buffer = buffer
@@ -67,7 +74,7 @@ class BlockPublisher:
         self._settings = settings
         self._epoch = 0
         self._seq = 0
-        self._mirror: set[bytes] = set()
+        self._mirror: dict[bytes, int] = {}  # cached hash -> the mask of ranks holding it
         self._broken = False  # a write failed: the next tick opens a new epoch
         self._snapshot_due = 0.0
         self._heartbeat_due = 0.0
@@ -138,11 +145,11 @@ class BlockPublisher:
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
                 if fresh:
-                    pipe.delete(self._keys.stream(self._node))
+                    pipe.delete(self._keys.stream(self._node), self._keys.snapshot(self._node))
                 if events:
                     pipe.xadd(
                         self._keys.stream(self._node),
-                        {"d": encode_batch(events)},
+                        entry_fields(events, ranked=self._ranked),  # type: ignore[arg-type]
                         id=f"{self._epoch}-{first}",
                         maxlen=self._settings.stream_maxlen,
                         approximate=True,
@@ -155,13 +162,16 @@ class BlockPublisher:
             raise
 
     def _apply(self, events: list[IndexEvent]) -> None:
+        mirror = self._mirror
         for event in events:
             if isinstance(event, BlockStored):
-                self._mirror.add(event.block_hash)
+                mirror[event.block_hash] = mirror.get(event.block_hash, 0) | 1 << event.rank
             elif isinstance(event, BlockEvicted):
-                self._mirror.discard(event.block_hash)
+                mask = mirror.pop(event.block_hash, 0) & ~(1 << event.rank)
+                if mask:
+                    mirror[event.block_hash] = mask
             else:
-                self._mirror.clear()
+                mirror.clear()
         self._seq += len(events)
 
     async def _write_snapshot(self) -> None:
@@ -171,7 +181,13 @@ class BlockPublisher:
 
     def _queue_snapshot(self, pipe: Pipeline) -> None:
         key = self._keys.snapshot(self._node)
-        mapping = {"epoch": self._epoch, "seq": self._seq, "hashes": b"".join(self._mirror)}
+        mapping: dict[str, int | bytes] = {
+            "epoch": self._epoch,
+            "seq": self._seq,
+            "hashes": b"".join(self._mirror),
+        }
+        if self._ranked:
+            mapping["ranks"] = encode_masks(list(self._mirror.values()))
         pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
         self._snapshot_due = time.monotonic() + self._settings.snapshot_interval_s
 

@@ -119,10 +119,12 @@ def place(
     loads: dict[str, NodeLoad],
     weights: Weights,
     *holders: HolderLookup,
+    ranked: Collection[str] = (),
 ) -> Placement:
-    """Score `hashes` (the prompt's full-block chain) on every node of `loads`."""
+    """Score `hashes` (the prompt's full-block chain) on every node of `loads`; `ranked`: the
+    nodes whose blocks may sit on several attention ranks (a prefix counts on one rank)."""
     candidates = dict(loads)
     candidates.setdefault(self_id, NodeLoad())
     chain = hashes[: cacheable_blocks(num_prompt_tokens, block_size)]
-    prefix = longest_prefixes(chain, candidates, *holders)
+    prefix = longest_prefixes(chain, candidates, *holders, ranked=ranked)
     return choose(self_id, num_prompt_tokens, block_size, prefix, candidates, weights)

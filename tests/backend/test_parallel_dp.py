@@ -164,8 +164,17 @@ def test_bytes_sent_per_decode_step_match_the_analytic_count(dp2: ShardedCausalL
     expected = decode_step_bytes(
         config, 2, expert_parallel=False, num_seqs=2, dtype=torch.float32, context_len=6,
         block_size=3,  # two blocks per table, as given
+        attention_seqs=1,  # the busiest rank's
     )  # fmt: skip
     assert sent == expected.total
+    # each attention's rows join by an all-gather of one row a rank: half the all-reduce's bytes
+    row = config.hidden_size * 4
+    assert expected.all_gather == config.num_hidden_layers * row
+    reduced = decode_step_bytes(
+        config, 2, expert_parallel=False, num_seqs=2, dtype=torch.float32, context_len=6,
+        block_size=3,
+    )  # fmt: skip
+    assert reduced.total - expected.total == config.num_hidden_layers * row
 
 
 def test_four_ranks_expert_parallel_greedy_equals_one_device(

@@ -105,9 +105,12 @@ def _on_two_ranks(body: Callable[[RankGroup], Any]) -> list[Any]:
 def test_gloo_collectives_run() -> None:
     def body(
         group: RankGroup,
-    ) -> tuple[list[float], list[int], list[list[float]] | None, list[int]]:
+    ) -> tuple[list[float], list[int], list[list[float]] | None, list[int], list[list[float]]]:
         r = group.rank
         summed = group.all_reduce(torch.tensor([1.0, 2.0]) * (r + 1)).tolist()
+        before = group.bytes_sent
+        gathered = group.all_gather(torch.tensor([[1.0, 2.0]]) * (r + 1))
+        assert group.bytes_sent - before == 8  # its one row of 2 fp32 to the other rank
         plan = group.broadcast(
             torch.tensor([7, 8, 9]) if r == 0 else torch.zeros(3, dtype=torch.long)
         )
@@ -122,6 +125,7 @@ def test_gloo_collectives_run() -> None:
             plan.tolist(),
             None if parts is None else [p.tolist() for p in parts],
             out.tolist(),
+            gathered.squeeze(1).tolist(),
         )
 
     zero, one = _on_two_ranks(body)
@@ -129,3 +133,4 @@ def test_gloo_collectives_run() -> None:
     assert zero[1] == one[1] == [7, 8, 9]
     assert zero[2] == [[0.0], [1.0]] and one[2] is None
     assert zero[3] == [0, 10] and one[3] == [1, 2]
+    assert zero[4] == one[4] == [[1.0, 2.0], [2.0, 4.0]]

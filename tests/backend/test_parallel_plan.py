@@ -135,7 +135,14 @@ def test_v31_both_layouts(v31: Path, capsys: pytest.CaptureFixture[str]) -> None
     latent = 32 * 32768 * 61 * 576 * 2  # batch 32, 32K tokens each, bf16
     tp_reads, dp_reads = tp["attention_reads"]["32"], dp["attention_reads"]["32"]
     assert tp_reads["latents"] == latent and dp_reads["latents"] == latent // 8
-    assert dp["steps"]["32"] == tp["steps"]["32"]  # the same collectives
+    # the attentions' rows join by all-gather (4 rows a GPU at batch 32): half the bytes of
+    # the all-reduce they replace; the rest of the collectives as in the other layout
+    tp32, dp32 = tp["steps"]["32"], dp["steps"]["32"]
+    joins = 61 * 2 * 7 * (32 * 7168 * 2) // 8
+    assert dp32["all_gather"] == 61 * 7 * 4 * 7168 * 2 == joins // 2
+    assert dp32["all_reduce"] == tp32["all_reduce"] - joins
+    assert dp32["all_to_all"] == tp32["all_to_all"] and dp32["plan"] == tp32["plan"]
+    assert dp["steps"]["1"] == tp["steps"]["1"]  # one sequence: the all-reduce is cheaper
     code, h100 = _layout(v31, capsys, "--gpus", "8", "--gpu-memory-gb", "80")
     assert code == 1 and not h100["dp_layout"]["fits"]
     code, two = _layout(v31, capsys, "--gpus", "8", "--nodes", "2", "--gpu-memory-gb", "80")
@@ -146,3 +153,30 @@ def test_v31_both_layouts(v31: Path, capsys: pytest.CaptureFixture[str]) -> None
     main(["--model", str(v31), "--gpus", "8", "--gpu-memory-gb", "141"])
     text = capsys.readouterr().out
     assert "data_parallel_attention = true" in text and "x 8 = " in text
+
+
+def test_v31_cache_gain_per_byte_and_per_node(
+    v31: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Per byte of cache data-parallel attention holds 8 times the tokens (a token's latent on
+    one GPU, not eight); per node less, by the attention weights each GPU holds whole: FP8 with
+    their 128x128 scale grids, in the 61 decoder layers and the MTP layer, counted by hand."""
+    code, h200 = _layout(v31, capsys, "--gpus", "8", "--gpu-memory-gb", "141")
+    tp, dp, gain = h200["layout"], h200["dp_layout"], h200["dp_gain"]
+    assert code == 0 and gain["per_byte"] == 8
+    # q_b_proj, kv_b_proj and o_proj split by heads under tensor parallel: a GPU holds 1/8
+    split = {(24576, 1536): (192, 12), (32768, 512): (256, 4), (7168, 16384): (56, 128)}
+    fp8_bytes = sum(rows * cols for rows, cols in split)
+    scale_bytes = 4 * sum(r * c - (r * c) // 8 for r, c in split.values())  # sliced by rows/8
+    extra = 62 * (fp8_bytes * 7 // 8 + scale_bytes)
+    assert (
+        dp["worker_weight_bytes"] - tp["worker_weight_bytes"] == extra == gain["extra_weight_bytes"]
+    )
+    assert gain["dp_cache_bytes"] == gain["tp_cache_bytes"] - extra
+    per_token = 62 * 576 * 2
+    assert dp["cache_tokens"] == gain["dp_cache_bytes"] // per_token // 64 * 64
+    assert gain["per_node"] == dp["cache_tokens_per_node"] / tp["cache_tokens_per_node"]
+    assert 6.3 < gain["per_node"] < 6.5  # not 8: 9.3 GB of each GPU go to the attention
+    main(["--model", str(v31), "--gpus", "8", "--gpu-memory-gb", "141"])
+    text = capsys.readouterr().out
+    assert "x8 per byte of cache" in text and "x6.42 per node after weights" in text

@@ -1,5 +1,5 @@
 """One block pool per attention rank: placement by cached prefix against load, each sequence's
-blocks in one pool, preemption within a pool, the node's events as the union of the pools'.
+blocks in one pool, preemption within a pool, each pool's events carrying its rank.
 No torch."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_preemption_frees_only_the_pool_that_is_short() -> None:
     assert not bm.shares_pool(a, b)
 
 
-def test_the_nodes_events_are_the_union_of_the_pools() -> None:
+def test_each_pools_events_carry_its_rank() -> None:
     events: list[BlockEvent] = []
     bm = RankedBlockManager(2, 2, 2, 4, SEED, events.append)
     head = list(range(4))
@@ -94,12 +94,14 @@ def test_the_nodes_events_are_the_union_of_the_pools() -> None:
     bm.pools[0].allocate(one)
     bm.pools[1].allocate(two)
     compute_all(bm, one)
-    compute_all(bm, two)  # the same block on a second rank: the node held it already
-    (stored,) = events
-    assert isinstance(stored, BlockStored) and stored.rank == 0
+    compute_all(bm, two)  # the same block on a second rank: stored there too
+    first, second = events
+    assert isinstance(first, BlockStored) and isinstance(second, BlockStored)
+    assert (first.rank, second.rank) == (0, 1)
+    assert first.block_hash == second.block_hash
     bm.free(one)
     bm.free(two)
-    bm.pools[0].allocate(make_seq("x", list(range(100, 108))))  # evicts rank 0's copy
-    assert len(events) == 1
-    bm.pools[1].allocate(make_seq("y", list(range(200, 208))))  # and rank 1's: gone
-    assert events[1:] == [BlockEvicted(stored.block_hash, rank=1)]
+    bm.pools[0].allocate(make_seq("x", list(range(100, 108))))  # evicts rank 0's copy only
+    assert events[2:] == [BlockEvicted(first.block_hash, rank=0)]
+    bm.pools[1].allocate(make_seq("y", list(range(200, 208))))  # then rank 1's
+    assert events[3:] == [BlockEvicted(first.block_hash, rank=1)]

@@ -516,3 +516,46 @@ async def test_a_frozen_peer_costs_a_deadline_not_a_hang(
         assert "prefix" in route_fields(early)
         assert text == resp.choices[0].message.content
         assert usage is not None and usage.completion_tokens == 4
+
+
+@pytest.mark.slow
+async def test_nodes_with_data_parallel_attention_share_prefixes_by_rank(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """Two nodes of 2 attention ranks each: they publish their blocks with ranks (index format
+    2) and a conversation's next turn asked on the other node is forwarded to the one whose
+    rank holds its history, and served there from that rank's cache. On this loaded machine a
+    node's published load can show a request in its queue at the moment of the choice (then
+    serving locally is right): up to three conversations are tried, each new."""
+    engine = {"tensor_parallel": 2, "data_parallel_attention": True}
+    async with open_cluster(["a", "b"], tmp_path, tiny_checkpoint, engine=engine) as dp:
+        views = []
+        for attempt in range(3):
+            first = conversation(f"ranks-{attempt}", 1)
+            resp, headers = await dp.ask("a", first)
+            assert placement(headers) == ("a", "local")
+            prompt_blocks = (resp.usage.prompt_tokens - 1) // BLOCK
+            await wait_for(
+                dp.session,
+                dp.nodes["b"],
+                lambda s, n=prompt_blocks: (
+                    (a := s["nodes"].get("a", {})).get("blocks", 0) >= n
+                    and a.get("waiting") == 0
+                    and a.get("running_tokens") == 0
+                ),
+                what="saw a idle, holding the first turn",
+            )
+            keys = ClusterKeys(dp.prefix)
+            async with Redis.from_url(REDIS_URL) as redis:
+                record = NodeRecord.loads(await redis.get(keys.live("a")))
+                entries = await redis.xrange(keys.stream("a"))
+            assert record.cache_root.endswith("+ranked")
+            assert entries and all(b"r" in fields for _, fields in entries)
+            second = next_turn(first, "Fog.", "And?")
+            resp, headers = await dp.ask("b", second)
+            if placement(headers) == ("a", "forward"):
+                assert cached_tokens(resp) >= prompt_blocks * BLOCK - BLOCK
+                return
+            seen = await cluster_status(dp.session, dp.nodes["b"])
+            views.append(f"{headers['x-gateway-route']}; b's view: {seen}")
+        pytest.fail("\n".join(views))

@@ -6,8 +6,16 @@ import pytest
 
 from backend.engine.block_hash import block_hash, chain_hashes, root_hash
 from backend.engine.blocks import BlockEvicted, BlockStored
-from gateway.cluster.events import AllBlocksCleared, MalformedBatch, decode_batch, encode_batch
-from gateway.cluster.index import Applied, PrefixIndex
+from gateway.cluster.events import (
+    AllBlocksCleared,
+    MalformedBatch,
+    decode_batch,
+    decode_entry,
+    encode_batch,
+    entry_fields,
+)
+from gateway.cluster.index import Applied, PrefixIndex, longest_prefixes
+from gateway.cluster.keys import decode_masks, encode_masks, parse_root, published_root
 
 SEED = b"fingerprint"
 BS = 4
@@ -37,6 +45,62 @@ def test_codec_roundtrip_and_recomputes_hashes() -> None:
         decode_batch(encode_batch(chain(1))[:-3])
     with pytest.raises(MalformedBatch):
         decode_batch(b"Z")
+
+
+def test_ranked_codec_keeps_ranks_and_format_1_refuses_them() -> None:
+    blocks = chain(2)
+    events = [
+        AllBlocksCleared(),
+        BlockStored(blocks[0].block_hash, blocks[0].parent_hash, blocks[0].token_ids, 3),
+        blocks[1],
+        BlockEvicted(blocks[0].block_hash, 300),
+    ]
+    fields = entry_fields(events, ranked=True)
+    assert list(fields) == ["r"]
+    assert decode_entry({k.encode(): v for k, v in fields.items()}) == events
+    plain = entry_fields(chain(2), ranked=False)
+    assert list(plain) == ["d"] and plain["d"] == encode_batch(chain(2))  # format 1 as before
+    assert decode_entry({b"d": plain["d"]}) == chain(2)
+    with pytest.raises(ValueError, match="format 1 has no ranks"):
+        encode_batch(events)
+    with pytest.raises(MalformedBatch):
+        decode_entry({b"x": b""})
+    with pytest.raises(MalformedBatch):  # a format 2 batch read as format 1 does not decode
+        decode_batch(fields["r"][1:])
+
+
+def test_the_published_root_names_the_index_format() -> None:
+    root = root_hash(SEED, BS).hex()
+    assert published_root(root, ranked=False) == root
+    assert parse_root(published_root(root, ranked=True)) == (root, 2)
+    assert parse_root(root) == (root, 1)
+    assert parse_root(root + "+columnar") == (root, 0)  # a format this node cannot read
+    masks = [0b1, 0b1010, 1 << 9]
+    raw = encode_masks(masks)
+    assert raw[0] == 2 and decode_masks(raw, 3) == masks  # two bytes a mask for rank 9
+    assert decode_masks(encode_masks([]), 0) == []
+    with pytest.raises(ValueError):
+        decode_masks(raw, 2)
+
+
+def test_a_prefix_split_over_ranks_counts_its_longest_part_on_one_rank() -> None:
+    index = PrefixIndex()
+    blocks = chain(4)
+    hashes = [b.block_hash for b in blocks]
+    index.load_snapshot("a", 1, 0, hashes, [0b01, 0b01, 0b10, 0b10])
+    assert index.prefix_blocks(hashes, ["a"]) == {"a": 2}
+    ranked = [BlockStored(b.block_hash, b.parent_hash, b.token_ids, 1) for b in blocks[:2]]
+    assert index.apply("a", 1, 1, ranked) is Applied.APPLIED
+    assert index.prefix_blocks(hashes, ["a"]) == {"a": 4}  # rank 1 now holds all four
+    assert index.apply("a", 1, 3, [BlockEvicted(hashes[1], 1)]) is Applied.APPLIED
+    assert dict(index.holders(hashes[1])) == {"a": 0b01}
+    assert index.prefix_blocks(hashes, ["a"]) == {"a": 2}
+    assert index.num_blocks("a") == 4
+    # a source without ranks (pending marks, the node's own engine) counts for every rank
+    pending = {hashes[2]: ["a"], hashes[3]: ["a"]}
+    lookups = (index.holders, lambda h: pending.get(h, ()))
+    found = longest_prefixes(hashes, ["a"], *lookups, ranked=index.ranked_nodes)
+    assert found == {"a": 4}
 
 
 def test_events_apply_in_order() -> None:
