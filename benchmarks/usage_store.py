@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import random
 import sqlite3
 import statistics
 import sys
@@ -49,8 +48,8 @@ from benchmarks.usage_load import (  # noqa: E402
     MODELS,
     NOW,
     bulk_load,
+    generate,
     stream_fields,
-    synthetic,
 )
 from gateway.config.usage import UsageSettings  # noqa: E402
 from gateway.usage_store.consumer import UsageConsumer  # noqa: E402
@@ -68,14 +67,13 @@ async def ingest(store: UsageStore, n: int, batch_size: int) -> float:
     batches of up to `batch_size`."""
     redis = Redis.from_url("redis://127.0.0.1:6379/0")
     stream = f"bench-usage-{uuid.uuid4().hex[:8]}:usage-log"
-    rng = random.Random(1)
+    now_ms = int(time.time() * 1000)
     try:
         for start in range(0, n, 10_000):
+            # live traffic: settled moments ago, in order
+            made = generate(start, min(n, start + 10_000), lambda i: now_ms - n + i, seed=1)
             async with redis.pipeline(transaction=False) as pipe:
-                for i in range(start, min(n, start + 10_000)):
-                    # live traffic: settled moments ago, in order
-                    ts_ms = int(time.time() * 1000) - n + i
-                    row = synthetic(10**9 + i, rng, ts_ms)
+                for row in made:
                     pipe.xadd(stream, stream_fields(row))  # type: ignore[arg-type]
                 await pipe.execute()
         settings = UsageSettings(enabled=True, block_ms=10, batch_size=batch_size)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,31 @@ class UsageStore:
         if not unique:
             return 0
         return await self._batches.insert(unique)
+
+    async def insert_staged(self, rows: Sequence[Sequence[Any]]) -> int:
+        """`insert` of rows staged already (`rollup_sql.staged`: a row's columns, then its
+        histogram buckets), unique by record id: a bulk load's, made in bulk."""
+        if not rows:
+            return 0
+        return await self._batches.insert_staged(rows)
+
+    @asynccontextmanager
+    async def bulk(self) -> AsyncIterator[None]:
+        """A bulk load (a benchmark's, a restore's): every `insert` inside goes through the
+        same statements in one transaction, with the backend's settings for a large load
+        (SQLite: the file to itself, the journal in memory, no syncs; PostgreSQL: a commit that
+        does not wait for the disk). Committed at the end; rolled back on an error. The
+        store's other connections wait for it (SQLite: they are closed first)."""
+        if self.dialect == "sqlite":
+            await self._writer.dispose()
+            await self._reader.dispose()
+        await self._batches.begin_bulk()
+        try:
+            yield
+        except BaseException:
+            await self._batches.end_bulk(commit=False)
+            raise
+        await self._batches.end_bulk(commit=True)
 
     async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
         """Delete raw rows older than `retention_days`, and the rollups of the UTC months that
