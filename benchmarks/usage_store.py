@@ -11,8 +11,10 @@
     .venv/bin/python benchmarks/usage_store.py [--records 1000000] [--ingest 100000]
         [--batch-size 25000] [--backends sqlite,postgresql] [--pg-url URL] [--sqlite-file FILE]
 
-`--sqlite-file` keeps the loaded SQLite store, so that a second run times the queries alone (a
-10-million-record load takes long; `--ingest 0` skips the ingest figure).
+`--sqlite-file` keeps the loaded SQLite store, so that a second run times the queries alone
+(`--ingest 0` skips the ingest figure); so does a `--pg-url` database that holds `--records`
+records already. A store loaded by `console.py` (its records up to the moment of its load) is
+reused as well: the ranges then end at the next UTC midnight after its last record.
 
 The targets are for 10 million records (`--records 10000000`, which takes long to load); the
 summaries read the rollups, whose size grows with keys x models x days, not with records, so
@@ -32,13 +34,14 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from redis.asyncio import Redis  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from benchmarks.usage_load import (  # noqa: E402
@@ -55,6 +58,7 @@ from gateway.config.usage import UsageSettings  # noqa: E402
 from gateway.usage_store.consumer import UsageConsumer  # noqa: E402
 from gateway.usage_store.queries import ExportQuery, SummaryQuery  # noqa: E402
 from gateway.usage_store.schema import COUNTERS, SUMS, daily_key_model  # noqa: E402
+from gateway.usage_store.schema import records as records_table
 from gateway.usage_store.store import UsageStore  # noqa: E402
 
 
@@ -92,7 +96,7 @@ async def ingest(store: UsageStore, n: int, batch_size: int) -> float:
         await redis.aclose()
 
 
-def raw_daily_rows(path: str, start: datetime) -> int:
+def raw_daily_rows(path: str, start: datetime, end: datetime) -> int:
     """The 90-day daily summary by key and model's rows, without percentiles (the columns that
     summary reads), as Python tuples straight from sqlite3 (no grouping, no rows made): what
     any query path here must at least spend on that answer."""
@@ -100,7 +104,7 @@ def raw_daily_rows(path: str, start: datetime) -> int:
     with contextlib.closing(sqlite3.connect(path)) as conn:
         found = conn.execute(
             f"SELECT {columns} FROM {daily_key_model.name} WHERE bucket >= ? AND bucket < ?",
-            (int(start.timestamp()), int(NOW.timestamp())),
+            (int(start.timestamp()), int(end.timestamp())),
         ).fetchall()
     return len(found)
 
@@ -122,10 +126,10 @@ async def timed(coro_factory: Any, runs: int = 5) -> float:
     return statistics.median(times)
 
 
-async def export_rate(store: UsageStore, key: str | None) -> tuple[float, int]:
-    """CSV rows/s of the last 30 days' records (of one key, or all)."""
-    start = NOW - timedelta(days=30)
-    q = ExportQuery(key=key, start=start, end=NOW)
+async def export_rate(store: UsageStore, key: str | None, end: datetime) -> tuple[float, int]:
+    """CSV rows/s of the 30 days' records before `end` (of one key, or all)."""
+    start = end - timedelta(days=30)
+    q = ExportQuery(key=key, start=start, end=end)
     began = time.perf_counter()
     rows = 0
     async for chunk in store.export_csv(q):
@@ -143,7 +147,7 @@ async def bench(
     full: bool = False,
 ) -> None:
     """`reuse`: the store holds the `records` synthetic records already (loaded by an earlier
-    run with `--sqlite-file`); only the queries run. `full`: time the per-day summary by key
+    run, or by `console.py`); only the queries run. `full`: time the per-day summary by key
     and model unpaged too (seconds at a million records)."""
     print(f"{name}:")
     store = await UsageStore.open(url)
@@ -165,8 +169,16 @@ async def bench(
             loaded = await bulk_load(store, records, progress=_progress)
             print(f"  (loaded {records:,} synthetic records at {loaded:,.0f} records/s)")
             await store.run("ANALYZE")
-        start = NOW - timedelta(days=DAYS)
-        daily = SummaryQuery(group_by="key,model", interval="day", start=start, end=NOW)
+        # the range's end: the synthetic one, or a reused store's (its last record's next day)
+        end = NOW
+        if reuse:
+            async with store.writer.connect() as conn:
+                last = select(func.max(records_table.c.ts_ms))
+                last_ms = int((await conn.execute(last)).scalar_one())
+            end = datetime.fromtimestamp(last_ms // 86_400_000 * 86_400 + 86_400, UTC)
+            print(f"  (its range ends {end:%Y-%m-%d %H:%M} UTC)")
+        start = end - timedelta(days=DAYS)
+        daily = SummaryQuery(group_by="key,model", interval="day", start=start, end=end)
         for latency in (True, False):
             first = daily.model_copy(update={"limit": 1000, "latency": latency})
             ms = await timed(lambda q=first: store.summary_page(q))
@@ -182,32 +194,32 @@ async def bench(
             lean = daily.model_copy(update={"latency": False})
             ms = await timed(lambda: store.summary(lean), runs=1)
             line("  the same without p50/p95", ms, "ms", "", True)
-        by_key = SummaryQuery(group_by="key", start=start, end=NOW)
+        by_key = SummaryQuery(group_by="key", start=start, end=end)
         ms = await timed(lambda: store.summary(by_key))
         line("90-day p50/p95 by key (1,000 rows)", ms, "ms", "< 100", ms < 100)
         if sqlite_file is not None:
-            ms = await timed(lambda: asyncio.to_thread(raw_daily_rows, sqlite_file, start))
+            ms = await timed(lambda: asyncio.to_thread(raw_daily_rows, sqlite_file, start, end))
             print(f"    (its rows read raw from the SQLite file, the floor: {ms:,.1f} ms)")
-        total = SummaryQuery(group_by="key,model", start=start, end=NOW)
+        total = SummaryQuery(group_by="key,model", start=start, end=end)
         ms = await timed(lambda: store.summary(total))
         line("90-day summary by key and model (totals)", ms, "ms", "< 100", ms < 100)
         plain = total.model_copy(update={"latency": False})
         ms = await timed(lambda: store.summary(plain))
         line("  the same without p50/p95", ms, "ms", "< 100", ms < 100)
         hourly = SummaryQuery(
-            group_by="model", interval="hour", start=NOW - timedelta(days=1), end=NOW
+            group_by="model", interval="hour", start=end - timedelta(days=1), end=end
         )
         ms = await timed(lambda: store.summary(hourly))
         line("24-hour hourly summary by model", ms, "ms", "< 50", ms < 50)
         # every key together (the all-keys rollups): the reports over all keys
-        overview = SummaryQuery(interval="day", start=start, end=NOW)
+        overview = SummaryQuery(interval="day", start=start, end=end)
         ms = await timed(lambda: store.summary(overview))
         line("90-day daily summary of all keys", ms, "ms", "< 100", ms < 100)
-        by_provider = SummaryQuery(group_by="provider,model", start=start, end=NOW)
+        by_provider = SummaryQuery(group_by="provider,model", start=start, end=end)
         ms = await timed(lambda: store.summary(by_provider))
         line("90-day p95 TTFT by provider and model", ms, "ms", "< 100", ms < 100)
         # one export takes milliseconds: the median over five keys, each exported once
-        one_key = [await export_rate(store, f"key{k:04d}") for k in (42, 142, 342, 542, 942)]
+        one_key = [await export_rate(store, f"key{k:04d}", end) for k in (42, 142, 342, 542, 942)]
         rate = statistics.median(r for r, _ in one_key)
         rows = round(statistics.median(n for _, n in one_key))
         line(
@@ -217,7 +229,7 @@ async def bench(
             "> 100,000",
             rate > 100_000,
         )
-        rate, rows = await export_rate(store, None)
+        rate, rows = await export_rate(store, None, end)
         line(
             f"CSV export of every key's month ({rows:,} rows)",
             rate,
@@ -282,12 +294,18 @@ async def main() -> None:
             await bench("SQLite", url, args.records, args.ingest, args.batch_size, full=args.full)
     if "postgresql" in backends:
         if args.pg_url:
+            store = await UsageStore.open(args.pg_url)
+            found = await store.count()
+            await store.aclose()
+            if found not in (0, args.records):
+                sys.exit(f"{args.pg_url} holds {found:,} records, not --records {args.records:,}")
             await bench(
                 "PostgreSQL",
                 args.pg_url,
                 args.records,
                 args.ingest,
                 args.batch_size,
+                reuse=found == args.records,
                 full=args.full,
             )
         else:
