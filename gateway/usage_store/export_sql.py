@@ -30,12 +30,7 @@ def csv_line(dialect: str) -> str:
                 formats.append('"%w"' if quoted else "%s")  # %s: NULL as an empty field
                 values.append(column.name)
         return f"printf('{','.join(formats)}', {', '.join(values)})"
-    moment = (
-        "to_char(to_timestamp(ts_ms / 1000) AT TIME ZONE 'UTC', "
-        "'YYYY-MM-DD\"T\"HH24:MI:SS') || '.' || lpad((ts_ms % 1000)::text, 3, '0') || "
-        "'+00:00'"
-    )
-    fields = [moment]
+    fields = [_PG_MOMENT]
     for column in records.columns:
         name = column.name
         if isinstance(column.type, String):
@@ -44,6 +39,24 @@ def csv_line(dialect: str) -> str:
             value = f"{name}::text"
         fields.append(value if not column.nullable else f"coalesce({value}, '')")
     return " || ',' || ".join(fields)
+
+
+# PostgreSQL's `created_at`, the ISO moment to the millisecond
+_PG_MOMENT = (
+    "to_char(to_timestamp(ts_ms / 1000) AT TIME ZONE 'UTC', "
+    "'YYYY-MM-DD\"T\"HH24:MI:SS') || '.' || lpad((ts_ms % 1000)::text, 3, '0') || "
+    "'+00:00'"
+)
+# the CSV's quoted columns: every text column (the rest, numbers, as they are; NULL empty)
+QUOTED = tuple(c.name for c in records.columns if isinstance(c.type, String))
+
+
+def copy_sql(q: ExportQuery) -> tuple[str, list[Any]]:
+    """PostgreSQL: the export's query for `COPY (...) TO STDOUT (FORMAT csv, FORCE_QUOTE
+    (QUOTED))`, whose lines are `csv_line`'s: the server writes them in its COPY code, and
+    sends them in a few large messages, not a row at a time."""
+    sql, params = export_sql("postgresql", q)
+    return sql.replace("SELECT ", f"SELECT {_PG_MOMENT} AS created_at, ", 1), params
 
 
 def export_sql(dialect: str, q: ExportQuery, *, lines: bool = False) -> tuple[str, list[Any]]:

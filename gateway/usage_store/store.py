@@ -18,9 +18,10 @@ The schema is migrated at `open` (under a lock: PostgreSQL's advisory lock, SQLi
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from gateway.usage_store.buckets import DAY_S, MONTH, bucket_start
-from gateway.usage_store.export_sql import export_sql
+from gateway.usage_store.export_sql import QUOTED, copy_sql, export_sql
 from gateway.usage_store.insert_sql import PostgresWriter
 from gateway.usage_store.queries import (
     ExportQuery,
@@ -253,11 +254,48 @@ class UsageStore:
                         yield part
 
     async def export_csv(self, q: ExportQuery, chunk: int = 5000) -> AsyncIterator[bytes]:
-        """The export as CSV lines (`CSV_COLUMNS`, no header), in chunks of up to `chunk`
-        lines: the database writes each line (text quoted, NULL empty, `created_at` the ISO
-        moment to the millisecond), so Python only joins them."""
+        """The export as CSV lines (`CSV_COLUMNS`, no header): the database writes each line
+        (text quoted, NULL empty, `created_at` the ISO moment to the millisecond). SQLite's
+        come in chunks of up to `chunk` lines, which Python joins; PostgreSQL's from its
+        COPY, as the server sends them (`export_sql.copy_sql`), with the reader's pace."""
+        if self.dialect == "postgresql":
+            async for data in self._copy_csv(q):
+                yield data
+            return
         async for part in self.export(q, chunk, lines=True):
             yield ("\n".join([row[0] for row in part]) + "\n").encode()
+
+    async def _copy_csv(self, q: ExportQuery) -> AsyncIterator[bytes]:
+        """PostgreSQL's CSV of the export, from a COPY TO STDOUT run in a task of its own that
+        hands each part it receives over (a few at a time: the COPY waits for the reader)."""
+        sql, params = copy_sql(q)
+        parts: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=4)
+
+        async def output(data: bytes) -> None:
+            await parts.put(bytes(data))
+
+        async with self._reader.connect() as conn:
+            driver: Any = (await conn.get_raw_connection()).driver_connection
+
+            async def copy() -> None:
+                try:
+                    await driver.copy_from_query(
+                        sql, *params, output=output, format="csv", force_quote=list(QUOTED)
+                    )
+                finally:
+                    await parts.put(None)
+
+            task = asyncio.create_task(copy())
+            try:
+                while (data := await parts.get()) is not None:
+                    yield data
+                await task  # (its error, if any)
+            finally:
+                if not task.done():  # the reader stopped early: the COPY is cancelled
+                    task.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await task
+                    await conn.invalidate()
 
     async def last_use(self, key_ids: Sequence[str]) -> dict[str, int]:
         """Each key's latest record's time (epoch ms), for the keys that have one: one
