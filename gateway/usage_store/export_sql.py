@@ -51,21 +51,39 @@ _PG_MOMENT = (
 QUOTED = tuple(c.name for c in records.columns if isinstance(c.type, String))
 
 
-def copy_sql(q: ExportQuery) -> tuple[str, list[Any]]:
+def copy_sql(q: ExportQuery) -> str:
     """PostgreSQL: the export's query for `COPY (...) TO STDOUT (FORMAT csv, FORCE_QUOTE
     (QUOTED))`, whose lines are `csv_line`'s: the server writes them in its COPY code, and
-    sends them in a few large messages, not a row at a time."""
-    sql, params = export_sql("postgresql", q)
-    return sql.replace("SELECT ", f"SELECT {_PG_MOMENT} AS created_at, ", 1), params
+    sends them in a few large messages, not a row at a time. Its values are written into it
+    as literals (a COPY takes no parameters; the driver would ask the server to format them,
+    a round trip more)."""
+    sql, _ = export_sql("postgresql", q, inline=True)
+    return sql.replace("SELECT ", f"SELECT {_PG_MOMENT} AS created_at, ", 1)
 
 
-def export_sql(dialect: str, q: ExportQuery, *, lines: bool = False) -> tuple[str, list[Any]]:
-    """The export's query in the driver's own parameter style (`?` or `$n`): the records'
+def _literal(value: Any) -> str:
+    """A value as a PostgreSQL literal: a whole number as it is, text as an escape string
+    (backslashes and quotes doubled: whatever `standard_conforming_strings` says)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"no literal for {type(value).__name__}")
+    if isinstance(value, int):
+        return str(int(value))
+    return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def export_sql(
+    dialect: str, q: ExportQuery, *, lines: bool = False, inline: bool = False
+) -> tuple[str, list[Any]]:
+    """The export's query in the driver's own parameter style (`?` or `$n`), or with its
+    values written in (`inline`, PostgreSQL: `_literal`; no parameters): the records'
     columns, or (`lines`) each record's CSV line."""
     conditions: list[str] = []
     params: list[Any] = []
 
     def condition(column: str, op: str, value: Any) -> None:
+        if inline:
+            conditions.append(f"{column} {op} {_literal(value)}")
+            return
         params.append(value)
         mark = "?" if dialect == "sqlite" else f"${len(params)}"
         conditions.append(f"{column} {op} {mark}")

@@ -268,7 +268,7 @@ class UsageStore:
     async def _copy_csv(self, q: ExportQuery) -> AsyncIterator[bytes]:
         """PostgreSQL's CSV of the export, from a COPY TO STDOUT run in a task of its own that
         hands each part it receives over (a few at a time: the COPY waits for the reader)."""
-        sql, params = copy_sql(q)
+        sql = copy_sql(q)
         parts: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=4)
 
         async def output(data: bytes) -> None:
@@ -280,7 +280,7 @@ class UsageStore:
             async def copy() -> None:
                 try:
                     await driver.copy_from_query(
-                        sql, *params, output=output, format="csv", force_quote=list(QUOTED)
+                        sql, output=output, format="csv", force_quote=list(QUOTED)
                     )
                 finally:
                     await parts.put(None)

@@ -47,6 +47,20 @@ async def test_the_csv_is_each_records_line_in_time_order(store_url: str) -> Non
         await store.aclose()
 
 
+async def test_a_filter_of_quotes_and_backslashes_is_the_value_itself(store_url: str) -> None:
+    store = await UsageStore.open(store_url)
+    try:
+        odd = "o'brien\\'; --"
+        fields = stream_fields(1, DAY0, key_id=odd, model="a\\nb")
+        await store.insert([*_rows(5), row_of(f"{int(DAY0 * 1000)}-9", fields, frozenset())])
+        for q in (ExportQuery(key=odd), ExportQuery(model="a\\nb")):
+            text = b"".join([part async for part in store.export_csv(q)])
+            assert text.count(b"\n") == 1 and b"o'brien" in text
+        assert b"".join([p async for p in store.export_csv(ExportQuery(key="o"))]) == b""
+    finally:
+        await store.aclose()
+
+
 async def test_a_reader_that_stops_early_leaves_the_store_usable(store_url: str) -> None:
     store = await UsageStore.open(store_url)
     try:
