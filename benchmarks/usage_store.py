@@ -56,6 +56,7 @@ from benchmarks.usage_load import (  # noqa: E402
 )
 from gateway.config.usage import UsageSettings  # noqa: E402
 from gateway.usage_store.consumer import UsageConsumer  # noqa: E402
+from gateway.usage_store.export_sql import export_sql  # noqa: E402
 from gateway.usage_store.queries import ExportQuery, SummaryQuery  # noqa: E402
 from gateway.usage_store.schema import COUNTERS, SUMS, daily_key_model  # noqa: E402
 from gateway.usage_store.schema import records as records_table
@@ -124,6 +125,20 @@ async def timed(coro_factory: Any, runs: int = 5) -> float:
         await coro_factory()
         times.append((time.perf_counter() - began) * 1000)
     return statistics.median(times)
+
+
+def by_time_index(path: str, end: datetime) -> float:
+    """Rows/s of every key's month before `end` as SQLite's export read it before its windows
+    (`export_sql`: one statement, by the index by time, each record looked up)."""
+    q = ExportQuery(start=end - timedelta(days=30), end=end)
+    sql, params = export_sql("sqlite", q, lines=True)
+    began = time.perf_counter()
+    rows = 0
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        cursor = conn.execute(sql, params)
+        while part := cursor.fetchmany(5000):
+            rows += ("\n".join([row[0] for row in part]) + "\n").encode().count(b"\n")
+    return rows / (time.perf_counter() - began)
 
 
 async def export_rate(
@@ -245,6 +260,9 @@ async def bench(
             "> 100,000",
             rate > 100_000,
         )
+        if sqlite_file is not None:  # the export's path before its windows, for comparison
+            old = await asyncio.to_thread(by_time_index, sqlite_file, end)
+            print(f"    (every key's month read by the index by time: {old:,.0f} rows/s)")
         if store.dialect == "postgresql":  # the export's path before COPY, for comparison
             before = [
                 await export_rate(store, f"key{k:04d}", end, cursor=True)

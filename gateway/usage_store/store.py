@@ -19,6 +19,7 @@ The schema is migrated at `open` (under a lock: PostgreSQL's advisory lock, SQLi
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -42,7 +43,15 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from gateway.usage_store.buckets import DAY_S, MONTH, bucket_start
-from gateway.usage_store.export_sql import QUOTED, copy_sql, export_sql
+from gateway.usage_store.export_sql import (
+    QUOTED,
+    SQLITE_BOUNDS,
+    SQLITE_KEYS,
+    WINDOW_MS,
+    copy_sql,
+    export_sql,
+    sqlite_window_sql,
+)
 from gateway.usage_store.insert_sql import PostgresWriter
 from gateway.usage_store.queries import (
     ExportQuery,
@@ -248,10 +257,37 @@ class UsageStore:
                     cursor = await driver.cursor(sql, *params)
                     while part := await cursor.fetch(chunk):
                         yield [tuple(row) for row in part]
+            elif q.key is None:
+                async for part in self._sqlite_windows(driver, q, chunk, lines):
+                    yield part
             else:
                 async with driver.execute(sql, params) as cursor:
                     while part := await cursor.fetchmany(chunk):
                         yield part
+
+    async def _sqlite_windows(
+        self, driver: Any, q: ExportQuery, chunk: int, lines: bool
+    ) -> AsyncIterator[list[Sequence[Any]]]:
+        """SQLite's export over every key, a window of time at a time (`sqlite_window_sql`),
+        in one read transaction (one snapshot, as one statement would read)."""
+        sql, params = sqlite_window_sql(q, lines=lines)
+        await driver.execute("BEGIN")
+        try:
+            async with driver.execute(SQLITE_KEYS) as cursor:
+                keys = json.dumps([row[0] for row in await cursor.fetchall()])
+            async with driver.execute(SQLITE_BOUNDS) as cursor:
+                first, last = await cursor.fetchone()
+            if first is None:
+                return
+            low = max(first, int(q.start.timestamp()) * 1000 if q.start else first)
+            high = min(last + 1, int(q.end.timestamp()) * 1000 if q.end else last + 1)
+            for start in range(low, high, WINDOW_MS):
+                window = [keys, *params, start, min(high, start + WINDOW_MS)]
+                async with driver.execute(sql, window) as cursor:
+                    while part := await cursor.fetchmany(chunk):
+                        yield part
+        finally:
+            await driver.execute("ROLLBACK")
 
     async def export_csv(self, q: ExportQuery, chunk: int = 5000) -> AsyncIterator[bytes]:
         """The export as CSV lines (`CSV_COLUMNS`, no header): the database writes each line

@@ -31,18 +31,33 @@ def _rows(n: int) -> list[dict[str, object]]:
 
 async def test_the_csv_is_each_records_line_in_time_order(store_url: str) -> None:
     store = await UsageStore.open(store_url)
+    made = _rows(3000)  # over two days and a bit: windows of a day on SQLite
     try:
-        await store.insert(_rows(3000))
-        for q in (
-            ExportQuery(),
-            ExportQuery(key="key1"),
-            ExportQuery(start=datetime.fromtimestamp(DAY0 + 6000, UTC), model="model0"),
+        await store.insert(made)
+        for q, chosen in (
+            (ExportQuery(), made),
+            (ExportQuery(key="key1"), [r for r in made if r["key_id"] == "key1"]),
+            (
+                ExportQuery(
+                    start=datetime.fromtimestamp(DAY0 + 6000, UTC),
+                    end=datetime.fromtimestamp(DAY0 + 120_000, UTC),
+                    model="model0",
+                ),
+                [
+                    r
+                    for r in made
+                    if r["model"] == "model0"
+                    and r["ts_ms"] >= (DAY0 + 6000) * 1000
+                    and r["ts_ms"] < (DAY0 + 120_000) * 1000
+                ],
+            ),
         ):
             text = b"".join([part async for part in store.export_csv(q)])
             lines = [row[0] async for part in store.export(q, lines=True) for row in part]
             assert lines and text == ("\n".join(lines) + "\n").encode()
-            ids = [tuple(r[:2]) async for part in store.export(q) for r in part]
-            assert [i for _, i in sorted((ts, i) for i, ts in ids)] == [i for i, _ in ids]
+            ids = [r[0] async for part in store.export(q) for r in part]
+            expected = sorted(chosen, key=lambda r: (r["ts_ms"], r["record_id"]))
+            assert ids == [r["record_id"] for r in expected]
     finally:
         await store.aclose()
 
