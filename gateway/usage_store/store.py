@@ -221,6 +221,8 @@ class UsageStore:
     async def records(self, q: RecordsQuery) -> tuple[list[dict[str, Any]], str | None]:
         """One page of records, newest first, and the cursor of the next page (None: last)."""
         conditions = self._records_within(q)
+        if q.status is not None and q.status != 200:  # (the index of these: schema.py)
+            conditions.append(records.c.status != 200)
         if q.cursor is not None:
             ts, record_id = q.cursor.split(":", 1)
             conditions.append(
