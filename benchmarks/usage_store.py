@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from redis.asyncio import Redis  # noqa: E402
-from sqlalchemy import func, select  # noqa: E402
+from sqlalchemy import func, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from benchmarks.usage_load import (  # noqa: E402
@@ -58,9 +58,18 @@ from gateway.config.usage import UsageSettings  # noqa: E402
 from gateway.usage_store.consumer import UsageConsumer  # noqa: E402
 from gateway.usage_store.export_sql import export_sql  # noqa: E402
 from gateway.usage_store.queries import ExportQuery, SummaryQuery  # noqa: E402
-from gateway.usage_store.schema import COUNTERS, SUMS, daily_key_model  # noqa: E402
-from gateway.usage_store.schema import records as records_table
+from gateway.usage_store.schema import (  # noqa: E402
+    COUNTERS,
+    DIMENSIONS,
+    SKETCH,
+    SUMS,
+    daily,
+    daily_key_model,
+    sketch_hour,
+)
+from gateway.usage_store.schema import records as records_table  # noqa: E402
 from gateway.usage_store.store import UsageStore  # noqa: E402
+from gateway.usage_store.summary_rows import summary_row  # noqa: E402
 
 
 def line(name: str, value: float, unit: str, target: str, ok: bool) -> None:
@@ -127,6 +136,45 @@ async def timed(coro_factory: Any, runs: int = 5) -> float:
     return statistics.median(times)
 
 
+async def layout_before(store: UsageStore, q: SummaryQuery) -> float:
+    """Median ms of `q` (p50/p95 by key over whole days) read as the layout before the sketch
+    tables read it: one statement summing the counters and the histograms of the daily rollup
+    by every dimension (here a copy of `usage_day` with the days of `usage_sketch_hour`'s
+    histograms beside its counters, made for this and dropped after), and the same rows made
+    of it."""
+    assert q.start is not None and q.end is not None and q.interval is None
+    dims = ", ".join(DIMENSIONS)
+    added = (*COUNTERS, *SUMS, *SKETCH)
+    both = ", ".join([*(f"d.{c}" for c in ("bucket", *DIMENSIONS, *COUNTERS, *SUMS))])
+    both += ", " + ", ".join(f"s.{c}" for c in SKETCH)
+    days = ", ".join(f"sum({c}) AS {c}" for c in SKETCH)
+    await store.run(
+        f"CREATE TABLE bench_day_before AS SELECT {both} FROM {daily.name} d JOIN "
+        f"(SELECT bucket - bucket % 86400 AS bucket, {dims}, {days} FROM {sketch_hour.name} "
+        f"GROUP BY 1, {dims}) s USING (bucket, {dims})"
+    )
+    try:
+        await store.run("ANALYZE bench_day_before")
+        sums = ", ".join(f"sum({c})" for c in added)
+        read = text(
+            f"SELECT key_id, {sums} FROM bench_day_before WHERE bucket >= :low AND bucket < :high "
+            "GROUP BY key_id ORDER BY key_id"
+        )
+        bounds = {"low": int(q.start.timestamp()), "high": int(q.end.timestamp())}
+        at = {name: 1 + i for i, name in enumerate(added)}
+        first = at[SKETCH[0]]
+
+        async def before() -> list[dict[str, Any]]:
+            async with store.writer.connect() as conn:
+                found = (await conn.execute(read, bounds)).all()
+            return [summary_row(row, at, q, ["key"], row[first:]) for row in found]
+
+        assert await before() == await store.summary(q)  # the same answer
+        return await timed(before)
+    finally:
+        await store.run("DROP TABLE bench_day_before")
+
+
 def by_time_index(path: str, end: datetime) -> float:
     """Rows/s of every key's month before `end` as SQLite's export read it before its windows
     (`export_sql`: one statement, by the index by time, each record looked up)."""
@@ -168,10 +216,12 @@ async def bench(
     batch_size: int,
     reuse: bool = False,
     full: bool = False,
+    compare_layout: bool = False,
 ) -> None:
     """`reuse`: the store holds the `records` synthetic records already (loaded by an earlier
     run, or by `console.py`); only the queries run. `full`: time the per-day summary by key
-    and model unpaged too (seconds at a million records)."""
+    and model unpaged too (seconds at a million records). `compare_layout`: time p50/p95 by
+    key as the layout before the sketch tables read it, too (`layout_before`)."""
     print(f"{name}:")
     store = await UsageStore.open(url)
     sqlite_file = make_url(url).database if store.dialect == "sqlite" else None
@@ -220,6 +270,12 @@ async def bench(
         by_key = SummaryQuery(group_by="key", start=start, end=end)
         ms = await timed(lambda: store.summary(by_key))
         line("90-day p50/p95 by key (1,000 rows)", ms, "ms", "< 100", ms < 100)
+        if compare_layout:
+            old_ms = await layout_before(store, by_key)
+            print(
+                f"    (the layout before, histograms in the keyed daily rollup: {old_ms:,.1f} ms,"
+            )
+            print(f"     x{old_ms / ms:,.1f} the time of the sketch tables')")
         if sqlite_file is not None:
             ms = await timed(lambda: asyncio.to_thread(raw_daily_rows, sqlite_file, start, end))
             print(f"    (its rows read raw from the SQLite file, the floor: {ms:,.1f} ms)")
@@ -295,6 +351,11 @@ async def main() -> None:
     parser.add_argument(
         "--full", action="store_true", help="time the unpaged per-day summary by key and model too"
     )
+    parser.add_argument(
+        "--compare-layout",
+        action="store_true",
+        help="time p50/p95 by key as the layout before the sketch tables read it, too",
+    )
     parser.add_argument("--pg-url", help="postgresql+asyncpg://... (default: a private server)")
     parser.add_argument(
         "--sqlite-file",
@@ -322,11 +383,20 @@ async def main() -> None:
             args.batch_size,
             reuse,
             args.full,
+            args.compare_layout,
         )
     elif "sqlite" in backends:
         with tempfile.TemporaryDirectory() as tmp:
             url = f"sqlite+aiosqlite:///{tmp}/usage.db"
-            await bench("SQLite", url, args.records, args.ingest, args.batch_size, full=args.full)
+            await bench(
+                "SQLite",
+                url,
+                args.records,
+                args.ingest,
+                args.batch_size,
+                full=args.full,
+                compare_layout=args.compare_layout,
+            )
     if "postgresql" in backends:
         if args.pg_url:
             store = await UsageStore.open(args.pg_url)
@@ -342,6 +412,7 @@ async def main() -> None:
                 args.batch_size,
                 reuse=found == args.records,
                 full=args.full,
+                compare_layout=args.compare_layout,
             )
         else:
             from testkit.postgres import PrivatePostgres
@@ -356,6 +427,7 @@ async def main() -> None:
                     args.ingest,
                     args.batch_size,
                     full=args.full,
+                    compare_layout=args.compare_layout,
                 )
             finally:
                 pg.remove()

@@ -4,7 +4,8 @@ Every process that stores usage runs one; they share one consumer group, so each
 read by one of them. A batch is stored (idempotently by entry id, rollups in the same
 transaction), then acknowledged, then the stream is trimmed below the oldest entry not yet
 acknowledged: nothing unstored is ever trimmed. A consumer that failed mid-batch (Redis or
-the database down) re-reads its own pending entries first when it recovers; entries a dead
+the database down) re-reads its own pending entries (XREADGROUP from id 0 under its own name)
+as soon as it recovers, all of them before anything new, with no wait; entries a dead
 consumer read and never acknowledged are claimed (XAUTOCLAIM) after `claim_idle_s`. A crash
 between the commit and the ack stores nothing twice.
 
@@ -72,7 +73,11 @@ class UsageConsumer:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self._settings = settings
         self._local = local_providers
-        self._own_pending = True  # read our own unacknowledged entries before new ones
+        # Whether some of our own entries may be pending (read, not acknowledged) that we do
+        # not hold: at start (a restarted consumer of the same name) and after any failure;
+        # cleared only once a read of them comes back short (they are all in hand). While it
+        # is set they are read before new ones, at once, not claimed after `claim_idle_s`.
+        self._own_pending = True
         # read and made into rows, not stored yet: the entries' ids and their rows
         self._ahead: tuple[list[Any], list[dict[str, Any]]] | None = None
         self._stopping = asyncio.Event()
@@ -96,18 +101,38 @@ class UsageConsumer:
         else:
             ids, rows = self._rows(await self._claim(batch))
             if not ids and self._own_pending:
-                ids, rows = await self._read_rows("0", batch, None)
-                self._own_pending = bool(ids)
+                ids, rows, more = await self._read_pending(batch)
+                # all of ours are in hand: a failure storing them sets the flag again (`run`)
+                self._own_pending = more
             if not ids and not self._own_pending:
                 wait = self._settings.block_ms if block_ms is None else block_ms
                 ids, rows = await self._read_rows(">", batch, wait)
             if not ids:
                 return 0
-        self._own_pending = True  # until acked: a failure below leaves them ours to retry
         read_ahead = len(ids) >= batch and not self._stopping.is_set()
+        more_pending, self._own_pending = self._own_pending, True  # (a failure: re-read them)
         await self._store_and_ack(ids, rows, read_ahead)
-        self._own_pending = len(ids) >= batch
+        self._own_pending = more_pending
         return len(ids)
+
+    async def _read_pending(self, count: int) -> tuple[list[Any], list[dict[str, Any]], bool]:
+        """Up to `count` of our own pending entries (read before, not acknowledged: a batch
+        whose store or ack failed, or read ahead of one), from the oldest, as ids and rows;
+        and whether more may be pending after them."""
+        ids: list[Any] = []
+        rows: list[dict[str, Any]] = []
+        after = "0"
+        while len(ids) < count:
+            want = min(_READ_CHUNK, count - len(ids))
+            entries, read, last = await self._read_with_count(after, want, None)
+            if entries:
+                more_ids, more_rows = self._rows(entries)
+                ids += more_ids
+                rows += more_rows
+            if read < want:
+                return ids, rows, False
+            after = last
+        return ids, rows, True
 
     def _rows(self, entries: list[Entry]) -> tuple[list[Any], list[dict[str, Any]]]:
         """The entries' ids and rows; the entries' fields are let go (a batch holds its rows
@@ -120,9 +145,9 @@ class UsageConsumer:
     async def _read_rows(
         self, after: str, count: int, block_ms: int | None
     ) -> tuple[list[Any], list[dict[str, Any]]]:
-        """Up to `count` entries after `after` ("0": our pending ones; ">": new ones) as their
-        ids and rows, read `_READ_CHUNK` at a time, each chunk's fields let go once made into
-        rows (a batch's fields are the larger part of it); only the first read waits."""
+        """Up to `count` new entries (`after` ">") as their ids and rows, read `_READ_CHUNK` at
+        a time, each chunk's fields let go once made into rows (a batch's fields are the larger
+        part of it); only the first read waits."""
         ids: list[Any] = []
         rows: list[dict[str, Any]] = []
         while len(ids) < count:
@@ -130,8 +155,6 @@ class UsageConsumer:
             entries = await self._read(after, want, None if ids else block_ms)
             got = len(entries)
             if got:
-                if after != ">":
-                    after = entries[-1][0]  # (pending ones: re-read from the start)
                 more_ids, more_rows = self._rows(entries)
                 ids += more_ids
                 rows += more_rows
@@ -140,11 +163,18 @@ class UsageConsumer:
         return ids, rows
 
     async def _read(self, after: str, count: int, block_ms: int | None) -> list[Entry]:
+        return (await self._read_with_count(after, count, block_ms))[0]
+
+    async def _read_with_count(
+        self, after: str, count: int, block_ms: int | None
+    ) -> tuple[list[Entry], int, Any]:
+        """The entries after `after` that still have their fields, how many the read returned
+        (with those trimmed away: acknowledged here) and the last one's id."""
         reply: Any = await self._redis.xreadgroup(
             self.group, self.name, {self.stream: after}, count=count, block=block_ms
         )
         if not reply:
-            return []
+            return [], 0, after
         # RESP2: [[stream, entries]]; RESP3: {stream: [entries]}.
         found = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))
         entries: list[Entry] = found[0] if found and isinstance(found[0], list) else found
@@ -152,7 +182,8 @@ class UsageConsumer:
         gone = [entry_id for entry_id, fields in entries if not fields]
         if gone:
             await self._redis.xack(self.stream, self.group, *gone)
-        return [(entry_id, fields) for entry_id, fields in entries if fields]
+        last = entries[-1][0] if entries else after
+        return [(entry_id, fields) for entry_id, fields in entries if fields], len(entries), last
 
     async def _claim(self, count: int) -> list[Entry]:
         idle_ms = int(self._settings.claim_idle_s * 1000)

@@ -20,7 +20,7 @@ from gateway.usage_store.rollup_sql import (
     stage,
     staged,
 )
-from gateway.usage_store.schema import RECORD_COLUMNS, records
+from gateway.usage_store.schema import RECORD_COLUMNS, ROLLUPS, records, staged_added
 
 # A bulk load's transaction's settings (`begin_bulk`).
 BULK_SETTINGS = (
@@ -52,8 +52,11 @@ class PostgresWriter:
                 f"CREATE TEMP TABLE IF NOT EXISTS {into} "
                 f"(LIKE {records.name}, lat_b integer, ttft_b integer) ON COMMIT DELETE ROWS",
                 *(
-                    f"CREATE TEMP TABLE IF NOT EXISTS {stage(t)} (LIKE {t.name}) "
-                    "ON COMMIT DELETE ROWS"
+                    f"CREATE TEMP TABLE IF NOT EXISTS {stage(t)} (LIKE {t.name}"
+                    + "".join(
+                        f", {c} integer" for c in staged_added(t) if c not in ROLLUPS[t].added
+                    )
+                    + ") ON COMMIT DELETE ROWS"
                     for t in FOLD_SOURCES
                 ),
             )

@@ -2,9 +2,10 @@
 
 A batch's new records are staged (a temporary table of their columns and their latency and
 TTFT histogram buckets, `STAGED_COLUMNS`). The increments of `schema.FROM_RECORDS` are grouped
-from them, each other rollup's folded from a finer rollup's staged increments
-(`schema.FOLDED_FROM`), each into the rollup's own staging table; then each rollup adds its
-staged increments in one upsert, in key order (concurrent writers lock rows in one order).
+from them (the hourly rollup's with the histograms: the records are grouped once), each other
+rollup's and sketch table's folded from a finer one's staged increments (`schema.FOLDED_FROM`),
+each into its own staging table; then each adds its staged increments in one upsert, in key
+order (concurrent writers lock rows in one order).
 
 The histogram buckets are read in Python (`sketch.bucket_of`, exact at the buckets' edges);
 the rest is SQL the same on SQLite and PostgreSQL but for a month's start and PostgreSQL's
@@ -28,6 +29,7 @@ from gateway.usage_store.schema import (
     ROLLUPS,
     TTFT,
     records,
+    staged_added,
 )
 from gateway.usage_store.sketch import bucket_of
 
@@ -52,9 +54,15 @@ def stage(table: Table) -> str:
 
 
 def columns(table: Table) -> tuple[str, ...]:
-    """A rollup's columns, in its staging table's and its upsert's order."""
+    """A rollup's columns, in its upsert's order (and its staging table's, which may hold more
+    after them: `staged_columns`)."""
     shape = ROLLUPS[table]
     return ("bucket", *shape.dims, *shape.added)
+
+
+def staged_columns(table: Table) -> tuple[str, ...]:
+    """The columns of a rollup's staging table (`schema.staged_added`)."""
+    return ("bucket", *ROLLUPS[table].dims, *staged_added(table))
 
 
 def _bucket(dialect: str, seconds: str, bucket_s: int) -> str:
@@ -78,7 +86,8 @@ def _sum(dialect: str, column: str) -> str:
 
 
 def from_records(dialect: str, table: Table) -> str:
-    """A SELECT of `table`'s increments grouped from the staged records (`columns` order)."""
+    """A SELECT of `table`'s staged increments grouped from the staged records
+    (`staged_columns` order)."""
     shape = ROLLUPS[table]
     made = {
         "requests": "count(*)",
@@ -92,7 +101,7 @@ def from_records(dialect: str, table: Table) -> str:
         **{c: f"count(*) FILTER (WHERE ttft_b = {i})" for i, c in enumerate(TTFT)},
     }
     keys = "".join(f", {d}" for d in shape.dims)
-    values = ", ".join(made[c] for c in shape.added)
+    values = ", ".join(made[c] for c in staged_added(table))
     bucket = _bucket(dialect, "ts_ms / 1000", shape.bucket_s)
     return f"SELECT {bucket} AS bucket{keys}, {values} FROM {stage(records)} GROUP BY 1{keys}"
 
@@ -105,21 +114,23 @@ def folded(dialect: str, table: Table) -> str:
     shape, source = ROLLUPS[table], FOLDED_FROM[table]
     keys = "".join(f", {d}" for d in shape.dims)
     bucket = _bucket(dialect, "bucket", shape.bucket_s)
-    if dialect == "sqlite":
+    same = (ROLLUPS[source].bucket_s, ROLLUPS[source].dims) == (shape.bucket_s, shape.dims)
+    if dialect == "sqlite" or same:  # (the same grain: each source row is one of `table`'s)
         return f"SELECT {bucket} AS bucket{keys}, {', '.join(shape.added)} FROM {stage(source)}"
     sums = ", ".join(_sum(dialect, c) for c in shape.added)
     return f"SELECT {bucket} AS bucket{keys}, {sums} FROM {stage(source)} GROUP BY 1{keys}"
 
 
 def upsert(dialect: str, table: Table, increments: str, into: str | None = None) -> str:
-    """Add the increments (a SELECT in `columns` order) to `table` (or to `into`, a table of
-    its shape and key): on PostgreSQL in key order (concurrent writers lock rows in one
-    order); SQLite has one writer at a time."""
+    """Add the increments (a SELECT in `columns` order) to `table` (or, in `staged_columns`
+    order, to `into`, its staging table): on PostgreSQL in key order (concurrent writers lock
+    rows in one order); SQLite has one writer at a time."""
     shape = ROLLUPS[table]
+    added = shape.added if into is None else staged_added(table)
     into = into or table.name
-    cols = ", ".join(columns(table))
+    cols = ", ".join(("bucket", *shape.dims, *added))
     keys = ", ".join(("bucket", *shape.dims))
-    sets = ", ".join(f"{c} = {into}.{c} + excluded.{c}" for c in shape.added)
+    sets = ", ".join(f"{c} = {into}.{c} + excluded.{c}" for c in added)
     # (SQLite: an upsert's SELECT ends in a WHERE, lest ON read as a join's)
     order = f"ORDER BY {keys}" if dialect == "postgresql" else "WHERE true"
     return (
@@ -144,10 +155,10 @@ def rollup_statements(dialect: str) -> list[str]:
             statements.append(upsert(dialect, table, made[table], into=stage(table)))
         else:
             statements.append(
-                f"INSERT INTO {stage(table)} ({', '.join(columns(table))}) {made[table]}"
+                f"INSERT INTO {stage(table)} ({', '.join(staged_columns(table))}) {made[table]}"
             )
     for table, increments in made.items():
-        if table in FOLD_SOURCES:  # (a staging table's columns are in its rollup's order)
+        if table in FOLD_SOURCES:  # (its own columns of its staging table)
             increments = f"SELECT {', '.join(columns(table))} FROM {stage(table)}"
         statements.append(upsert(dialect, table, increments))
     return statements

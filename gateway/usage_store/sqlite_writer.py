@@ -25,10 +25,10 @@ from gateway.usage_store.bulk_sql import create_indexes, drop_indexes
 from gateway.usage_store.rollup_sql import (
     FOLD_SOURCES,
     STAGED_COLUMNS,
-    columns,
     rollup_statements,
     stage,
     staged,
+    staged_columns,
 )
 from gateway.usage_store.schema import RECORD_COLUMNS, ROLLUPS, records
 
@@ -93,7 +93,7 @@ class SqliteWriter:
         for table in FOLD_SOURCES:  # keyed as their rollups: folds add to them by upsert
             key = ", ".join(("bucket", *ROLLUPS[table].dims))
             conn.execute(
-                f"CREATE TEMP TABLE {stage(table)} ({', '.join(columns(table))}, "
+                f"CREATE TEMP TABLE {stage(table)} ({', '.join(staged_columns(table))}, "
                 f"PRIMARY KEY ({key}))"
             )
         self._per_statement = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(

@@ -6,11 +6,13 @@
     `rollup_sql.py`); returns how many were new. Safe to run from any number of processes at
     once. PostgreSQL's batches go through `insert_sql.py`, SQLite's through `sqlite_writer.py`
     (a file's store: not `:memory:`).
-  - `summary`, `records`, `export`: the admin API's reads; every summary is one statement on
-    the narrowest rollups that answer it (`summary_sql.py`): by model and provider when the
-    summary groups and filters by nothing else, by key alone or key x model without
-    percentiles, all-keys when it neither groups nor filters by key, else keyed; totals over
-    a range that is not whole days read its whole days from the daily rollup.
+  - `summary`, `records`, `export`: the admin API's reads; a summary's counters are one
+    statement on the narrowest counter rollups that answer it (`summary_sql.py`): by model and
+    provider when the summary groups and filters by nothing else, by key alone, by key and
+    model, all-keys when it neither groups nor filters by key, else keyed; totals over a range
+    read its whole months, whole days and part days from the monthly, daily and hourly ones.
+    A summary with p50/p95 reads its rows' histograms with a second statement, on the sketch
+    tables of the same shapes (the same transaction, so the same snapshot).
   - `purge(now_s)`: retention (raw rows after `retention_days`, rollups by whole UTC months
     after `rollup_retention_days`).
 The schema is migrated at `open` (under a lock: PostgreSQL's advisory lock, SQLite's write lock).
@@ -53,6 +55,7 @@ from gateway.usage_store.export_sql import (
     sqlite_window_sql,
 )
 from gateway.usage_store.insert_sql import PostgresWriter
+from gateway.usage_store.migrations import migrate
 from gateway.usage_store.queries import (
     ExportQuery,
     Filters,
@@ -60,10 +63,10 @@ from gateway.usage_store.queries import (
     SummaryQuery,
     encode_cursor,
 )
-from gateway.usage_store.schema import ROLLUPS, migrate, records
+from gateway.usage_store.schema import ROLLUPS, SKETCH, records
 from gateway.usage_store.sqlite_writer import PRAGMAS, SqliteWriter
 from gateway.usage_store.summary_rows import summary_row
-from gateway.usage_store.summary_sql import Only, summary_statement
+from gateway.usage_store.summary_sql import Only, sketch_statement, summary_statement
 
 _MIGRATION_LOCK = 0x75736167  # PostgreSQL advisory lock id
 
@@ -208,15 +211,29 @@ class UsageStore:
         page (None: this is the last)."""
         stmt, at = summary_statement(self.dialect, q, only)
         async with self._reader.connect() as conn:
+            if self.dialect == "postgresql" and q.latency:  # both statements, one snapshot
+                await conn.execution_options(isolation_level="REPEATABLE READ")
             found = (await conn.execute(stmt)).all()
-        # (an aggregate without groups over no rows is one row of nulls)
-        found = [row for row in found if row[at["requests"]] is not None]
-        cursor = None
-        if q.limit is not None and len(found) > q.limit:
-            found = found[: q.limit]
-            cursor = encode_cursor(list(found[-1][: len(q.order())]))
+            # (an aggregate without groups over no rows is one row of nulls)
+            found = [row for row in found if row[at["requests"]] is not None]
+            cursor = None
+            width = len(q.order())
+            if q.limit is not None and len(found) > q.limit:
+                found = found[: q.limit]
+                cursor = encode_cursor(list(found[-1][:width]))
+            sketches: dict[tuple[Any, ...], Sequence[Any]] = {}
+            if q.latency and found:
+                # the page's rows' histograms: those after the cursor, up to its last row
+                through = list(found[-1][:width]) if q.limit is not None else None
+                read, sketch_at = sketch_statement(self.dialect, q, only, through)
+                first = sketch_at[SKETCH[0]]
+                sketches = {
+                    tuple(row[:width]): row[first:] for row in (await conn.execute(read)).all()
+                }
         dims = q.dimensions()
-        return [summary_row(row, at, q, dims) for row in found], cursor
+        return [
+            summary_row(row, at, q, dims, sketches.get(tuple(row[:width]), ())) for row in found
+        ], cursor
 
     async def records(self, q: RecordsQuery) -> tuple[list[dict[str, Any]], str | None]:
         """One page of records, newest first, and the cursor of the next page (None: last)."""

@@ -28,10 +28,15 @@ def _latency(hist: Sequence[Any], count: int, total: float) -> dict[str, Any]:
 
 
 def summary_row(
-    row: Sequence[Any], at: dict[str, int], q: SummaryQuery, dims: list[str]
+    row: Sequence[Any],
+    at: dict[str, int],
+    q: SummaryQuery,
+    dims: list[str],
+    sketch: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """One summary row from a result row: `at` maps each sum's name to its position; the
-    period (with an interval) and the dimensions come first."""
+    period (with an interval) and the dimensions come first. `sketch`: the row's histograms
+    (`SKETCH` order), read when the summary asks for p50/p95."""
     out: dict[str, Any] = {}
     first = 0
     if q.interval is not None:
@@ -53,10 +58,10 @@ def summary_row(
         cost=round(float(row[at["cost"]] or 0.0), 6),
     )
     if q.latency:
-        lat, ttft_at, n = at[LATENCY[0]], at[TTFT[0]], len(LATENCY)
+        n = len(LATENCY)
         total = float(row[at["latency_sum_ms"]] or 0)
-        out["latency_ms"] = _latency(row[lat : lat + n], requests, total)
+        out["latency_ms"] = _latency(sketch[:n], requests, total)
         ttft = int(row[at["ttft_count"]] or 0)
         ttft_total = float(row[at["ttft_sum_ms"]] or 0)
-        out["ttft_ms"] = _latency(row[ttft_at : ttft_at + n], ttft, ttft_total)
+        out["ttft_ms"] = _latency(sketch[n : n + len(TTFT)], ttft, ttft_total)
     return out

@@ -111,5 +111,6 @@ async def test_the_bulk_load_stores_the_records_and_rollups_the_consumer_stores(
     ] == loaded[records.name]
     for name, rows in loaded.items():
         assert rows and _same(rows, consumed[name]), name
-    reference = [tuple(r) for r in rollups(made, HOUR_S)]
+    shape = ROLLUPS[hourly]
+    reference = [tuple(r) for r in rollups(made, HOUR_S, shape.dims, shape.added)]
     assert _same(loaded[hourly.name], reference)

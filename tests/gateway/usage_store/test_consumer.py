@@ -195,6 +195,60 @@ async def test_a_crash_between_commit_and_ack_stores_nothing_twice(
         await redis.delete(stream)
 
 
+class _FailingStore:
+    """A store whose inserts fail while `failing` (a database outage), else the store's."""
+
+    def __init__(self, store: UsageStore) -> None:
+        self.store = store
+        self.failing = False
+
+    async def insert(self, rows: list[dict[str, object]]) -> int:
+        if self.failing:
+            raise OSError("the database is down")
+        return await self.store.insert(rows)
+
+
+async def test_after_an_outage_its_own_unstored_batches_are_read_again_at_once(
+    tmp_path: Path, redis: Redis, stream: str
+) -> None:
+    """A consumer that read two full batches (one being stored, the next read ahead) and
+    failed to store them re-reads all of its own pending entries as soon as the database is
+    back, also when new entries read ahead meanwhile end in a short batch: none waits to be
+    claimed (`claim_idle_s`, an hour here)."""
+    store = await UsageStore.open(f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
+    failing = _FailingStore(store)
+    c = UsageConsumer(
+        redis,
+        failing,  # type: ignore[arg-type]
+        stream=stream,
+        settings=SETTINGS.model_copy(update={"claim_idle_s": 3600.0}),
+        local_providers=frozenset(),
+    )
+    added = await add(redis, stream, 350)
+    await c.ensure_group()
+    failing.failing = True
+    with pytest.raises(OSError):
+        await c.step()  # 100 read and 100 read ahead, not stored
+    assert (await redis.xpending(stream, SETTINGS.group))["pending"] == 200
+    failing.failing = False
+    # Back: 100 of its own and 100 new, then the 100 read ahead and 50 new, then those 50
+    # (a short batch), then its other 100 at once.
+    task = asyncio.create_task(c.run())
+    try:
+
+        async def all_stored() -> bool:
+            return c.stored == 350
+
+        await eventually(all_stored)
+        await reconcile(store, added)
+        assert (await redis.xpending(stream, SETTINGS.group))["pending"] == 0
+    finally:
+        c.stop()
+        await task
+        await store.aclose()
+        await redis.delete(stream)
+
+
 _CHILD = """
 import asyncio, pathlib, sys
 from redis.asyncio import Redis
@@ -307,7 +361,7 @@ async def test_the_database_stopped_mid_batch_loses_nothing(redis: Redis, stream
     pg = PrivatePostgres()
     pg.start()
     store = await UsageStore.open(pg.url())
-    c = consumer(redis, store, stream, claim_idle_s=2.0)  # as in the Redis-stopped test below
+    c = consumer(redis, store, stream)  # (its unstored batches re-read at once, not claimed)
     task = asyncio.create_task(c.run())
     try:
         added = await add(redis, stream, 1000)
@@ -349,9 +403,9 @@ async def test_redis_stopped_mid_batch_loses_nothing(
     stream = "gw:usage-log"
     redis = Redis.from_url(private_redis.url())
     store = await UsageStore.open(f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
-    # A batch read before the stop and not stored is claimed back after claim_idle_s: short
-    # here, so that the wait below is far from the claim (60 s by default).
-    c = consumer(redis, store, stream, claim_idle_s=2.0)
+    # A batch read before the stop and not stored is re-read at once after it, not claimed
+    # back after claim_idle_s (60 s, beyond the deadlines below).
+    c = consumer(redis, store, stream)
     task = asyncio.create_task(c.run())
     try:
         added = await add(redis, stream, 5000)
