@@ -239,7 +239,7 @@ monthly_key_model = _rollup("usage_month_key_model", KEY_MODEL, TOTALS, key_firs
 monthly_all_keys = _rollup("usage_month_all_keys", ALL_KEYS, TOTALS)
 # The sketch tables: the histograms (`SKETCH`), stored in period order (a page of a summary
 # per period reads its rows' histograms as one range).
-sketch_hour = _rollup("usage_sketch_hour", DIMENSIONS, SKETCH)
+sketch_hour = _rollup("usage_sketch_hour", DIMENSIONS, SKETCH, clustered=True)
 sketch_hour_all_keys = _rollup("usage_sketch_hour_all_keys", ALL_KEYS, SKETCH)
 sketch_day_all_keys = _rollup("usage_sketch_day_all_keys", ALL_KEYS, SKETCH)
 sketch_hour_model_provider = _rollup("usage_sketch_hour_model_provider", MODEL_PROVIDER, SKETCH)
