@@ -298,7 +298,7 @@ async def bench(
         ms = await timed(lambda: store.summary(by_provider))
         line("90-day p95 TTFT by provider and model", ms, "ms", "< 100", ms < 100)
         # one export takes milliseconds: the median over five keys, each exported once
-        one_key = [await export_rate(store, f"key{k:04d}", end) for k in (42, 142, 342, 542, 942)]
+        one_key = [await export_rate(store, f"key{k:04d}", end) for k in (142, 242, 342, 542, 942)]
         rate = statistics.median(r for r, _ in one_key)
         rows = round(statistics.median(n for _, n in one_key))
         line(
@@ -322,7 +322,7 @@ async def bench(
         if store.dialect == "postgresql":  # the export's path before COPY, for comparison
             before = [
                 await export_rate(store, f"key{k:04d}", end, cursor=True)
-                for k in (42, 142, 342, 542, 942)
+                for k in (142, 242, 342, 542, 942)
             ]
             old = statistics.median(r for r, _ in before)
             print(f"    (one key's month read through a cursor: {old:,.0f} rows/s)")
