@@ -147,7 +147,7 @@ async def layout_before(store: UsageStore, q: SummaryQuery) -> float:
     added = (*COUNTERS, *SUMS, *SKETCH)
     both = ", ".join([*(f"d.{c}" for c in ("bucket", *DIMENSIONS, *COUNTERS, *SUMS))])
     both += ", " + ", ".join(f"s.{c}" for c in SKETCH)
-    days = ", ".join(f"sum({c}) AS {c}" for c in SKETCH)
+    days = ", ".join(f"CAST(sum({c}) AS integer) AS {c}" for c in SKETCH)
     await store.run(
         f"CREATE TABLE bench_day_before AS SELECT {both} FROM {daily.name} d JOIN "
         f"(SELECT bucket - bucket % 86400 AS bucket, {dims}, {days} FROM {sketch_hour.name} "
