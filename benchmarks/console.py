@@ -14,8 +14,9 @@ after start as `python -m gateway` does) serves the console (raw records kept 40
 none of the 90 are purged); after one untimed request to two other pages (the process's first
 use), each page is requested once (its summaries computed) and 7 more times (the median,
 within the console's shared summaries), measured at the client over loopback: the server's
-time plus well under a millisecond. `--db` keeps the loaded store in PATH and reuses it when it
-already holds the records.
+time plus well under a millisecond. `--db` (or `--pg-url`) keeps the loaded store in PATH (that
+database) and its keys in the key store, and a later run with the same `--db` (`--pg-url`)
+reuses both when the store holds the records already.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gzip
+import hashlib
 import re
 import statistics
 import sys
@@ -107,11 +109,18 @@ async def main() -> None:
     )
     parser.add_argument("--pg-url", help="postgresql+asyncpg://... of an empty database")
     args = parser.parse_args()
-    prefix = f"bench-console-{uuid.uuid4().hex[:8]}:"
+    # a kept store (--db, --pg-url) keeps its keys too: a later run finds their records
+    kept = args.db is not None or args.pg_url is not None
+    where = str(args.db.resolve()) if args.db is not None else str(args.pg_url)
+    prefix = (
+        f"bench-console-{hashlib.sha256(where.encode()).hexdigest()[:8]}:"
+        if kept
+        else f"bench-console-{uuid.uuid4().hex[:8]}:"
+    )
     redis = Redis.from_url(REDIS_URL)
     keys = KeyStore(redis, prefix=prefix)
-    real = []
-    for i in range(args.keys):
+    real = [record.id for record in await keys.list()][: args.keys]
+    for i in range(len(real), args.keys):
         budget = {"budget_tokens": 10**9, "budget_period": "month"} if i % 2 else {}
         _, record = await keys.create(
             KeyCreate.model_validate({"name": f"bench key {i}", **budget})
@@ -198,7 +207,7 @@ async def main() -> None:
         await runner.cleanup()
         await mock.stop()
         stale = [k async for k in redis.scan_iter(match=f"{prefix}*", count=1000)]
-        if stale:
+        if stale and not kept:
             await redis.delete(*stale)
         await redis.aclose()
         tmp.cleanup()

@@ -11,8 +11,10 @@
     .venv/bin/python benchmarks/usage_store.py [--records 1000000] [--ingest 100000]
         [--batch-size 25000] [--backends sqlite,postgresql] [--pg-url URL] [--sqlite-file FILE]
 
-`--sqlite-file` keeps the loaded SQLite store, so that a second run times the queries alone (a
-10-million-record load takes long; `--ingest 0` skips the ingest figure).
+`--sqlite-file` keeps the loaded SQLite store, so that a second run times the queries alone
+(`--ingest 0` skips the ingest figure); so does a `--pg-url` database that holds `--records`
+records already. A store loaded by `console.py` (its records up to the moment of its load) is
+reused as well: the ranges then end at the next UTC midnight after its last record.
 
 The targets are for 10 million records (`--records 10000000`, which takes long to load); the
 summaries read the rollups, whose size grows with keys x models x days, not with records, so
@@ -26,21 +28,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import random
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from redis.asyncio import Redis  # noqa: E402
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import func, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from benchmarks.usage_load import (  # noqa: E402
@@ -50,11 +51,12 @@ from benchmarks.usage_load import (  # noqa: E402
     MODELS,
     NOW,
     bulk_load,
+    generate,
     stream_fields,
-    synthetic,
 )
 from gateway.config.usage import UsageSettings  # noqa: E402
 from gateway.usage_store.consumer import UsageConsumer  # noqa: E402
+from gateway.usage_store.export_sql import export_sql  # noqa: E402
 from gateway.usage_store.queries import ExportQuery, SummaryQuery  # noqa: E402
 from gateway.usage_store.schema import (  # noqa: E402
     COUNTERS,
@@ -65,6 +67,7 @@ from gateway.usage_store.schema import (  # noqa: E402
     daily_key_model,
     sketch_hour,
 )
+from gateway.usage_store.schema import records as records_table  # noqa: E402
 from gateway.usage_store.store import UsageStore  # noqa: E402
 from gateway.usage_store.summary_rows import summary_row  # noqa: E402
 
@@ -78,14 +81,13 @@ async def ingest(store: UsageStore, n: int, batch_size: int) -> float:
     batches of up to `batch_size`."""
     redis = Redis.from_url("redis://127.0.0.1:6379/0")
     stream = f"bench-usage-{uuid.uuid4().hex[:8]}:usage-log"
-    rng = random.Random(1)
+    now_ms = int(time.time() * 1000)
     try:
         for start in range(0, n, 10_000):
+            # live traffic: settled moments ago, in order
+            made = generate(start, min(n, start + 10_000), lambda i: now_ms - n + i, seed=1)
             async with redis.pipeline(transaction=False) as pipe:
-                for i in range(start, min(n, start + 10_000)):
-                    # live traffic: settled moments ago, in order
-                    ts_ms = int(time.time() * 1000) - n + i
-                    row = synthetic(10**9 + i, rng, ts_ms)
+                for row in made:
                     pipe.xadd(stream, stream_fields(row))  # type: ignore[arg-type]
                 await pipe.execute()
         settings = UsageSettings(enabled=True, block_ms=10, batch_size=batch_size)
@@ -104,7 +106,7 @@ async def ingest(store: UsageStore, n: int, batch_size: int) -> float:
         await redis.aclose()
 
 
-def raw_daily_rows(path: str, start: datetime) -> int:
+def raw_daily_rows(path: str, start: datetime, end: datetime) -> int:
     """The 90-day daily summary by key and model's rows, without percentiles (the columns that
     summary reads), as Python tuples straight from sqlite3 (no grouping, no rows made): what
     any query path here must at least spend on that answer."""
@@ -112,7 +114,7 @@ def raw_daily_rows(path: str, start: datetime) -> int:
     with contextlib.closing(sqlite3.connect(path)) as conn:
         found = conn.execute(
             f"SELECT {columns} FROM {daily_key_model.name} WHERE bucket >= ? AND bucket < ?",
-            (int(start.timestamp()), int(NOW.timestamp())),
+            (int(start.timestamp()), int(end.timestamp())),
         ).fetchall()
     return len(found)
 
@@ -173,14 +175,36 @@ async def layout_before(store: UsageStore, q: SummaryQuery) -> float:
         await store.run("DROP TABLE bench_day_before")
 
 
-async def export_rate(store: UsageStore, key: str | None) -> tuple[float, int]:
-    """CSV rows/s of the last 30 days' records (of one key, or all)."""
-    start = NOW - timedelta(days=30)
-    q = ExportQuery(key=key, start=start, end=NOW)
+def by_time_index(path: str, end: datetime) -> float:
+    """Rows/s of every key's month before `end` as SQLite's export read it before its windows
+    (`export_sql`: one statement, by the index by time, each record looked up)."""
+    q = ExportQuery(start=end - timedelta(days=30), end=end)
+    sql, params = export_sql("sqlite", q, lines=True)
     began = time.perf_counter()
     rows = 0
-    async for chunk in store.export_csv(q):
-        rows += chunk.count(b"\n")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        cursor = conn.execute(sql, params)
+        while part := cursor.fetchmany(5000):
+            rows += ("\n".join([row[0] for row in part]) + "\n").encode().count(b"\n")
+    return rows / (time.perf_counter() - began)
+
+
+async def export_rate(
+    store: UsageStore, key: str | None, end: datetime, cursor: bool = False
+) -> tuple[float, int]:
+    """CSV rows/s of the 30 days' records before `end` (of one key, or all); `cursor`: read as
+    the lines the database writes one by one, 5,000 a fetch, joined here (PostgreSQL's export
+    before its COPY)."""
+    start = end - timedelta(days=30)
+    q = ExportQuery(key=key, start=start, end=end)
+    began = time.perf_counter()
+    rows = 0
+    if cursor:
+        async for part in store.export(q, 5000, lines=True):
+            rows += ("\n".join([row[0] for row in part]) + "\n").encode().count(b"\n")
+    else:
+        async for chunk in store.export_csv(q):
+            rows += chunk.count(b"\n")
     return rows / (time.perf_counter() - began), rows
 
 
@@ -195,7 +219,7 @@ async def bench(
     compare_layout: bool = False,
 ) -> None:
     """`reuse`: the store holds the `records` synthetic records already (loaded by an earlier
-    run with `--sqlite-file`); only the queries run. `full`: time the per-day summary by key
+    run, or by `console.py`); only the queries run. `full`: time the per-day summary by key
     and model unpaged too (seconds at a million records). `compare_layout`: time p50/p95 by
     key as the layout before the sketch tables read it, too (`layout_before`)."""
     print(f"{name}:")
@@ -218,8 +242,16 @@ async def bench(
             loaded = await bulk_load(store, records, progress=_progress)
             print(f"  (loaded {records:,} synthetic records at {loaded:,.0f} records/s)")
             await store.run("ANALYZE")
-        start = NOW - timedelta(days=DAYS)
-        daily = SummaryQuery(group_by="key,model", interval="day", start=start, end=NOW)
+        # the range's end: the synthetic one, or a reused store's (its last record's next day)
+        end = NOW
+        if reuse:
+            async with store.writer.connect() as conn:
+                last = select(func.max(records_table.c.ts_ms))
+                last_ms = int((await conn.execute(last)).scalar_one())
+            end = datetime.fromtimestamp(last_ms // 86_400_000 * 86_400 + 86_400, UTC)
+            print(f"  (its range ends {end:%Y-%m-%d %H:%M} UTC)")
+        start = end - timedelta(days=DAYS)
+        daily = SummaryQuery(group_by="key,model", interval="day", start=start, end=end)
         for latency in (True, False):
             first = daily.model_copy(update={"limit": 1000, "latency": latency})
             ms = await timed(lambda q=first: store.summary_page(q))
@@ -235,7 +267,7 @@ async def bench(
             lean = daily.model_copy(update={"latency": False})
             ms = await timed(lambda: store.summary(lean), runs=1)
             line("  the same without p50/p95", ms, "ms", "", True)
-        by_key = SummaryQuery(group_by="key", start=start, end=NOW)
+        by_key = SummaryQuery(group_by="key", start=start, end=end)
         ms = await timed(lambda: store.summary(by_key))
         line("90-day p50/p95 by key (1,000 rows)", ms, "ms", "< 100", ms < 100)
         if compare_layout:
@@ -245,28 +277,28 @@ async def bench(
             )
             print(f"     x{old_ms / ms:,.1f} the time of the sketch tables')")
         if sqlite_file is not None:
-            ms = await timed(lambda: asyncio.to_thread(raw_daily_rows, sqlite_file, start))
+            ms = await timed(lambda: asyncio.to_thread(raw_daily_rows, sqlite_file, start, end))
             print(f"    (its rows read raw from the SQLite file, the floor: {ms:,.1f} ms)")
-        total = SummaryQuery(group_by="key,model", start=start, end=NOW)
+        total = SummaryQuery(group_by="key,model", start=start, end=end)
         ms = await timed(lambda: store.summary(total))
         line("90-day summary by key and model (totals)", ms, "ms", "< 100", ms < 100)
         plain = total.model_copy(update={"latency": False})
         ms = await timed(lambda: store.summary(plain))
         line("  the same without p50/p95", ms, "ms", "< 100", ms < 100)
         hourly = SummaryQuery(
-            group_by="model", interval="hour", start=NOW - timedelta(days=1), end=NOW
+            group_by="model", interval="hour", start=end - timedelta(days=1), end=end
         )
         ms = await timed(lambda: store.summary(hourly))
         line("24-hour hourly summary by model", ms, "ms", "< 50", ms < 50)
         # every key together (the all-keys rollups): the reports over all keys
-        overview = SummaryQuery(interval="day", start=start, end=NOW)
+        overview = SummaryQuery(interval="day", start=start, end=end)
         ms = await timed(lambda: store.summary(overview))
         line("90-day daily summary of all keys", ms, "ms", "< 100", ms < 100)
-        by_provider = SummaryQuery(group_by="provider,model", start=start, end=NOW)
+        by_provider = SummaryQuery(group_by="provider,model", start=start, end=end)
         ms = await timed(lambda: store.summary(by_provider))
         line("90-day p95 TTFT by provider and model", ms, "ms", "< 100", ms < 100)
         # one export takes milliseconds: the median over five keys, each exported once
-        one_key = [await export_rate(store, f"key{k:04d}") for k in (42, 142, 342, 542, 942)]
+        one_key = [await export_rate(store, f"key{k:04d}", end) for k in (142, 242, 342, 542, 942)]
         rate = statistics.median(r for r, _ in one_key)
         rows = round(statistics.median(n for _, n in one_key))
         line(
@@ -276,7 +308,7 @@ async def bench(
             "> 100,000",
             rate > 100_000,
         )
-        rate, rows = await export_rate(store, None)
+        rate, rows = await export_rate(store, None, end)
         line(
             f"CSV export of every key's month ({rows:,} rows)",
             rate,
@@ -284,6 +316,18 @@ async def bench(
             "> 100,000",
             rate > 100_000,
         )
+        if sqlite_file is not None:  # the export's path before its windows, for comparison
+            old = await asyncio.to_thread(by_time_index, sqlite_file, end)
+            print(f"    (every key's month read by the index by time: {old:,.0f} rows/s)")
+        if store.dialect == "postgresql":  # the export's path before COPY, for comparison
+            before = [
+                await export_rate(store, f"key{k:04d}", end, cursor=True)
+                for k in (142, 242, 342, 542, 942)
+            ]
+            old = statistics.median(r for r, _ in before)
+            print(f"    (one key's month read through a cursor: {old:,.0f} rows/s)")
+            old, _ = await export_rate(store, None, end, cursor=True)
+            print(f"    (every key's month read through a cursor: {old:,.0f} rows/s)")
         size = await store.size_bytes() or 0
         per_million = size / 2**20 / records * 1e6
         print(f"  store size: {size / 2**20:,.1f} MiB, {per_million:,.1f} MiB per million records")
@@ -355,12 +399,18 @@ async def main() -> None:
             )
     if "postgresql" in backends:
         if args.pg_url:
+            store = await UsageStore.open(args.pg_url)
+            found = await store.count()
+            await store.aclose()
+            if found not in (0, args.records):
+                sys.exit(f"{args.pg_url} holds {found:,} records, not --records {args.records:,}")
             await bench(
                 "PostgreSQL",
                 args.pg_url,
                 args.records,
                 args.ingest,
                 args.batch_size,
+                reuse=found == args.records,
                 full=args.full,
                 compare_layout=args.compare_layout,
             )

@@ -7,11 +7,12 @@ emptied at commit."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from gateway.usage_store.bulk_sql import create_indexes, drop_indexes, insert_records
 from gateway.usage_store.rollup_sql import (
     FOLD_SOURCES,
     STAGED_COLUMNS,
@@ -20,6 +21,13 @@ from gateway.usage_store.rollup_sql import (
     staged,
 )
 from gateway.usage_store.schema import RECORD_COLUMNS, ROLLUPS, records, staged_added
+
+# A bulk load's transaction's settings (`begin_bulk`).
+BULK_SETTINGS = (
+    "synchronous_commit = off",
+    "work_mem = '256MB'",
+    "maintenance_work_mem = '512MB'",
+)
 
 
 class PostgresWriter:
@@ -54,20 +62,63 @@ class PostgresWriter:
             )
         )
         self._made = f"SELECT to_regclass('pg_temp.{into}') IS NOT NULL"
+        # a bulk load's batches share one transaction: each batch empties the stages itself
+        self._empty = f"TRUNCATE {', '.join(stage(t) for t in (records, *FOLD_SOURCES))}"
+        self._bulk: AsyncConnection | None = None  # the bulk load's (`begin_bulk`)
+        self._bulk_script = "; ".join((insert_records(into), *rollup_statements("postgresql")))
 
     async def insert(self, rows: Sequence[Mapping[str, Any]]) -> int:
         """Store `rows` (unique by record id) not stored yet, and roll them up; how many were
         new."""
+        return await self.insert_staged(map(staged, rows))
+
+    async def insert_staged(self, rows: Iterable[Sequence[Any]]) -> int:
+        """`insert` of rows staged already (`rollup_sql.staged`)."""
+        if self._bulk is not None:
+            fresh = await self._add(self._bulk, rows, self._bulk_script)
+            await self._bulk.exec_driver_sql(self._empty)
+            return fresh
         async with self._engine.begin() as conn:
-            found = await conn.exec_driver_sql(self._made)  # (which begins the transaction)
-            driver: Any = (await conn.get_raw_connection()).driver_connection
-            if not found.scalar():
-                await driver.execute(self._staging)
-            await driver.copy_records_to_table(
-                stage(records), records=map(staged, rows), columns=STAGED_COLUMNS
-            )
-            await driver.execute(self._script)
-            return int(await driver.fetchval(self._fresh))
+            return await self._add(conn, rows, self._script)
+
+    async def _add(self, conn: AsyncConnection, rows: Iterable[Sequence[Any]], script: str) -> int:
+        """A batch's statements, in `conn`'s transaction."""
+        found = await conn.exec_driver_sql(self._made)  # (which begins the transaction)
+        driver: Any = (await conn.get_raw_connection()).driver_connection
+        if not found.scalar():
+            await driver.execute(self._staging)
+        await driver.copy_records_to_table(stage(records), records=rows, columns=STAGED_COLUMNS)
+        await driver.execute(script)
+        return int(await driver.fetchval(self._fresh))
+
+    async def begin_bulk(self) -> None:
+        """Begin a bulk load into an empty store (`bulk_sql`): every batch from now to
+        `end_bulk` in one transaction of one connection, its commit not waiting for the disk,
+        with memory to group a large batch and to build the indexes (`BULK_SETTINGS`)."""
+        conn = await self._engine.connect()
+        try:
+            await conn.begin()
+            for statement in (*(f"SET LOCAL {s}" for s in BULK_SETTINGS), *drop_indexes()):
+                await conn.exec_driver_sql(statement)
+        except BaseException:
+            await conn.close()
+            raise
+        self._bulk = conn
+
+    async def end_bulk(self, commit: bool) -> None:
+        """Commit (or roll back) the bulk load's transaction."""
+        conn, self._bulk = self._bulk, None
+        if conn is None:
+            return
+        try:
+            if commit:
+                for statement in create_indexes("postgresql"):
+                    await conn.exec_driver_sql(statement)
+                await conn.commit()
+            else:
+                await conn.rollback()
+        finally:
+            await conn.close()
 
     async def aclose(self) -> None:
         """Nothing of its own to close (the store disposes of the engine)."""

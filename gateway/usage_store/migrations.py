@@ -218,6 +218,12 @@ def _rebuild(conn: Connection, table: Table) -> None:
         index.create(conn)
 
 
+def _v10(conn: Connection) -> None:
+    """The index of the requests that did not answer 200 (`usage_records_not_ok`)."""
+    for index in RECORD_INDEXES:
+        index.create(conn, checkfirst=True)
+
+
 # Versioned migrations, in order; each runs once, in the transaction that records it.
 MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = (
     (1, _v1),
@@ -229,6 +235,7 @@ MIGRATIONS: tuple[tuple[int, Callable[[Connection], None]], ...] = (
     (7, _v7),
     (8, _v8),
     (9, _v9),
+    (10, _v10),
 )
 
 

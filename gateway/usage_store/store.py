@@ -20,8 +20,11 @@ The schema is migrated at `open` (under a lock: PostgreSQL's advisory lock, SQLi
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,15 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from gateway.usage_store.buckets import DAY_S, MONTH, bucket_start
-from gateway.usage_store.export_sql import export_sql
+from gateway.usage_store.export_sql import (
+    QUOTED,
+    SQLITE_BOUNDS,
+    SQLITE_KEYS,
+    WINDOW_MS,
+    copy_sql,
+    export_sql,
+    sqlite_window_sql,
+)
 from gateway.usage_store.insert_sql import PostgresWriter
 from gateway.usage_store.migrations import migrate
 from gateway.usage_store.queries import (
@@ -133,6 +144,31 @@ class UsageStore:
             return 0
         return await self._batches.insert(unique)
 
+    async def insert_staged(self, rows: Sequence[Sequence[Any]]) -> int:
+        """`insert` of rows staged already (`rollup_sql.staged`: a row's columns, then its
+        histogram buckets), unique by record id: a bulk load's, made in bulk."""
+        if not rows:
+            return 0
+        return await self._batches.insert_staged(rows)
+
+    @asynccontextmanager
+    async def bulk(self) -> AsyncIterator[None]:
+        """A bulk load (a benchmark's, a restore's): every `insert` inside goes through the
+        same statements in one transaction, with the backend's settings for a large load
+        (SQLite: the file to itself, the journal in memory, no syncs; PostgreSQL: a commit that
+        does not wait for the disk). Committed at the end; rolled back on an error. The
+        store's other connections wait for it (SQLite: they are closed first)."""
+        if self.dialect == "sqlite":
+            await self._writer.dispose()
+            await self._reader.dispose()
+        await self._batches.begin_bulk()
+        try:
+            yield
+        except BaseException:
+            await self._batches.end_bulk(commit=False)
+            raise
+        await self._batches.end_bulk(commit=True)
+
     async def purge(self, now_s: float, retention_days: int, rollup_days: int) -> dict[str, int]:
         """Delete raw rows older than `retention_days`, and the rollups of the UTC months that
         ended more than `rollup_days` ago: whole months, so that every rollup holds the same
@@ -202,6 +238,8 @@ class UsageStore:
     async def records(self, q: RecordsQuery) -> tuple[list[dict[str, Any]], str | None]:
         """One page of records, newest first, and the cursor of the next page (None: last)."""
         conditions = self._records_within(q)
+        if q.status is not None and q.status != 200:  # (the index of these: schema.py)
+            conditions.append(records.c.status != 200)
         if q.cursor is not None:
             ts, record_id = q.cursor.split(":", 1)
             conditions.append(
@@ -238,17 +276,81 @@ class UsageStore:
                     cursor = await driver.cursor(sql, *params)
                     while part := await cursor.fetch(chunk):
                         yield [tuple(row) for row in part]
+            elif q.key is None:
+                async for part in self._sqlite_windows(driver, q, chunk, lines):
+                    yield part
             else:
                 async with driver.execute(sql, params) as cursor:
                     while part := await cursor.fetchmany(chunk):
                         yield part
 
+    async def _sqlite_windows(
+        self, driver: Any, q: ExportQuery, chunk: int, lines: bool
+    ) -> AsyncIterator[list[Sequence[Any]]]:
+        """SQLite's export over every key, a window of time at a time (`sqlite_window_sql`),
+        in one read transaction (one snapshot, as one statement would read)."""
+        sql, params = sqlite_window_sql(q, lines=lines)
+        await driver.execute("BEGIN")
+        try:
+            async with driver.execute(SQLITE_KEYS) as cursor:
+                keys = json.dumps([row[0] for row in await cursor.fetchall()])
+            async with driver.execute(SQLITE_BOUNDS) as cursor:
+                first, last = await cursor.fetchone()
+            if first is None:
+                return
+            low = max(first, int(q.start.timestamp()) * 1000 if q.start else first)
+            high = min(last + 1, int(q.end.timestamp()) * 1000 if q.end else last + 1)
+            for start in range(low, high, WINDOW_MS):
+                window = [keys, *params, start, min(high, start + WINDOW_MS)]
+                async with driver.execute(sql, window) as cursor:
+                    while part := await cursor.fetchmany(chunk):
+                        yield part
+        finally:
+            await driver.execute("ROLLBACK")
+
     async def export_csv(self, q: ExportQuery, chunk: int = 5000) -> AsyncIterator[bytes]:
-        """The export as CSV lines (`CSV_COLUMNS`, no header), in chunks of up to `chunk`
-        lines: the database writes each line (text quoted, NULL empty, `created_at` the ISO
-        moment to the millisecond), so Python only joins them."""
+        """The export as CSV lines (`CSV_COLUMNS`, no header): the database writes each line
+        (text quoted, NULL empty, `created_at` the ISO moment to the millisecond). SQLite's
+        come in chunks of up to `chunk` lines, which Python joins; PostgreSQL's from its
+        COPY, as the server sends them (`export_sql.copy_sql`), with the reader's pace."""
+        if self.dialect == "postgresql":
+            async for data in self._copy_csv(q):
+                yield data
+            return
         async for part in self.export(q, chunk, lines=True):
             yield ("\n".join([row[0] for row in part]) + "\n").encode()
+
+    async def _copy_csv(self, q: ExportQuery) -> AsyncIterator[bytes]:
+        """PostgreSQL's CSV of the export, from a COPY TO STDOUT run in a task of its own that
+        hands each part it receives over (a few at a time: the COPY waits for the reader)."""
+        sql = copy_sql(q)
+        parts: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=4)
+
+        async def output(data: bytes) -> None:
+            await parts.put(bytes(data))
+
+        async with self._reader.connect() as conn:
+            driver: Any = (await conn.get_raw_connection()).driver_connection
+
+            async def copy() -> None:
+                try:
+                    await driver.copy_from_query(
+                        sql, output=output, format="csv", force_quote=list(QUOTED)
+                    )
+                finally:
+                    await parts.put(None)
+
+            task = asyncio.create_task(copy())
+            try:
+                while (data := await parts.get()) is not None:
+                    yield data
+                await task  # (its error, if any)
+            finally:
+                if not task.done():  # the reader stopped early: the COPY is cancelled
+                    task.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await task
+                    await conn.invalidate()
 
     async def last_use(self, key_ids: Sequence[str]) -> dict[str, int]:
         """Each key's latest record's time (epoch ms), for the keys that have one: one
