@@ -3,7 +3,9 @@
 benchmarks/routing.py).
 
 `train.jsonl` and `train_extra.jsonl` (split "train", by different authors: the learned scorer
-is fitted on both) and `eval.jsonl` (split
+is fitted on both), `train_extra2.jsonl` (split "train", a third author's: hard asks in the shapes
+of small ones and small asks in the shapes of hard ones; the shipped model is not fitted on it,
+`python -m gateway.routing.train --train` names it) and `eval.jsonl` (split
 "tune": the threshold may be chosen on it; "heldout": agreement is reported on it, never used
 for fitting or choosing), written from the rubric by people other than the scorer's author.
 One object a line: id, lang (en, zh, ja, ko, de, fr, es, pt, ru or mixed), label (think | fast,
@@ -27,6 +29,7 @@ from providers.types import ChatRequest
 HERE = Path(__file__).parent
 TRAIN = HERE / "train.jsonl"
 TRAIN_EXTRA = HERE / "train_extra.jsonl"
+TRAIN_EXTRA2 = HERE / "train_extra2.jsonl"
 EVAL = HERE / "eval.jsonl"
 
 

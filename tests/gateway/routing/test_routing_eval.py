@@ -13,7 +13,16 @@ import pytest
 from gateway.config.routing import RoutingSettings
 from gateway.routing.judge import Judge
 from gateway.routing.scorer import SHIPPED
-from testkit.routing_eval import TRAIN, TRAIN_EXTRA, Item, Report, by, load, verdicts
+from testkit.routing_eval import (
+    TRAIN,
+    TRAIN_EXTRA,
+    TRAIN_EXTRA2,
+    Item,
+    Report,
+    by,
+    load,
+    verdicts,
+)
 
 LANGS = {"en", "zh", "ja", "ko", "de", "fr", "es", "pt", "ru"}
 MARGIN = 0.02
@@ -34,7 +43,7 @@ def held() -> tuple[list[Item], list[bool]]:
 
 
 def test_the_sets_cover_the_rubric_and_do_not_overlap() -> None:
-    train, evaluation = load(TRAIN) + load(TRAIN_EXTRA), load()
+    train, evaluation = load(TRAIN) + load(TRAIN_EXTRA) + load(TRAIN_EXTRA2), load()
     assert len(train) >= 2000 and {i.split for i in train} == {"train"}
     assert Counter(i.split for i in evaluation).keys() == {"tune", "heldout"}
     ids = [i.id for i in train + evaluation]
