@@ -91,8 +91,12 @@ def expand_rows(
     kv_lora_rank = kv_b_weight.shape[1]
     c_kv, k_pe = latents[:, :kv_lora_rank], latents[:, kv_lora_rank:]
     rope = k_pe.shape[-1]
-    rows = latents.new_empty(num_heads, length, rope + nope + v_head_dim)
     per_head = kv_b_weight.reshape(num_heads, nope + v_head_dim, kv_lora_rank).transpose(1, 2)
+    if torch.is_grad_enabled() and (latents.requires_grad or kv_b_weight.requires_grad):
+        # training (the demo's): the same rows by differentiable ops, out= has no gradient
+        shared = k_pe[None].expand(num_heads, length, rope)
+        return torch.cat((shared, torch.matmul(c_kv, per_head)), dim=-1)
+    rows = latents.new_empty(num_heads, length, rope + nope + v_head_dim)
     expanded = rows[:, :, rope:]
     torch.baddbmm(
         expanded, c_kv.expand(num_heads, length, kv_lora_rank), per_head, beta=0, out=expanded

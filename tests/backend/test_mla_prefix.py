@@ -12,7 +12,7 @@ import torch
 from backend.engine.sampling_params import SamplingParams
 from backend.model import mla
 from backend.model.mla import attention_expanded
-from backend.model.mla_prefix import attend_with_lse, attention_over_prefix
+from backend.model.mla_prefix import attend_with_lse, attention_over_prefix, expand_rows
 from backend.model.model import DeepseekV3ForCausalLM
 from tests.support.engine import make_engine, random_prompts, run_all, tokens_of
 
@@ -100,6 +100,21 @@ def test_a_long_prefix_hit_through_the_engine_equals_the_cold_run(
     assert tokens_of(warm) == tokens_of(cold)
     assert warm[-1].num_cached_tokens == 160
     assert calls and set(calls) == {160}
+
+
+def test_expanded_rows_are_the_same_with_a_gradient_and_carry_it() -> None:
+    """Training (the demo's) expands the latents by differentiable ops: the same rows, and a
+    gradient reaches kv_b_proj."""
+    torch.manual_seed(0)
+    heads, nope, v, rank, rope = 3, 8, 6, 16, 4
+    latents = torch.randn(5, rank + rope)
+    weight = torch.randn(heads * (nope + v), rank, requires_grad=True)
+    with torch.no_grad():
+        plain = expand_rows(latents, weight, heads, nope, v)
+    trained = expand_rows(latents, weight, heads, nope, v)
+    torch.testing.assert_close(trained, plain)
+    trained.sum().backward()
+    assert weight.grad is not None and weight.grad.abs().sum() > 0
 
 
 def test_unfused_attention_in_bounded_query_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
