@@ -34,12 +34,12 @@ from backend.engine.sampler import (
     TokenLogprobs,
     apply_penalties,
     make_generator,
+    with_drafts,
 )
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
 from backend.engine.spec_decode import greedy_verify, rejection_sample
-from backend.kernels.mla_decode import block_table_tensor, token_layout
-from backend.model.cache import DecodeTensors, ForwardBatch, PagedLatentCache
-from backend.model.mla import MAX_SHORT_QUERY
+from backend.engine.step_batch import build_batch
+from backend.model.cache import ForwardBatch, PagedLatentCache
 from backend.model.model import DeepseekV3ForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ class ModelRunner:
             return RunnerOutput([], [])
         if output.num_spec_tokens and self.drafter is None:
             raise ValueError("this model has no MTP layer to draft with")
-        batch = self.build_batch(scheduled)
+        batch = build_batch(scheduled, self.block_size, self.device)
         # per sampling sequence: its rows, the last new token then each draft
         first_rows: list[int] = []
         row = 0
@@ -230,42 +230,6 @@ class ModelRunner:
         self._draft_probs.pop(request_id, None)
         self.grammar.release(request_id)
 
-    def build_batch(self, scheduled: Sequence[ScheduledSeq]) -> ForwardBatch:
-        """The step's flat batch: ids, positions and slots of every new token, once per step."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seq_lens_q: list[int] = []
-        context_lens: list[int] = []
-        block_tables: list[list[int]] = []
-        for item in scheduled:
-            seq, start = item.seq, item.start
-            end = start + item.num_new_tokens + item.num_lookahead
-            input_ids.extend(seq.token_ids[start : start + item.num_new_tokens])
-            input_ids.extend(item.draft_token_ids)
-            positions.extend(range(start, end))
-            _extend_slots(slots, seq.block_table, start, end, self.block_size)
-            seq_lens_q.append(end - start)
-            context_lens.append(end)
-            # read during this step only; the scheduler changes tables between steps
-            block_tables.append(seq.block_table)
-        device = self.device
-        decode = None
-        if device.type == "cuda" and max(seq_lens_q) <= MAX_SHORT_QUERY:
-            # the attention kernel's layout, made once a step instead of once a layer
-            token_seq, token_len = token_layout(seq_lens_q, context_lens, device)
-            tables = block_table_tensor(block_tables, device)
-            decode = DecodeTensors(tables, token_seq, token_len, max(context_lens))
-        return ForwardBatch(
-            input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            seq_lens_q=seq_lens_q,
-            context_lens=context_lens,
-            block_tables=block_tables,
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            decode=decode,
-        )
-
     def _rows_to_sample(
         self, items: list[ScheduledSeq], first_rows: list[int]
     ) -> tuple[torch.Tensor, list[SampleRow]]:
@@ -276,7 +240,7 @@ class ModelRunner:
         for item, first in zip(items, first_rows, strict=True):
             base = self._sample_row(item.seq)
             rows.extend(range(first, first + 1 + item.num_lookahead))
-            sample_rows.extend(_with_drafts(base, item.draft_token_ids))
+            sample_rows.extend(with_drafts(base, item.draft_token_ids))
         return torch.tensor(rows, dtype=torch.long, device=self.device), sample_rows
 
     def _sample(
@@ -433,27 +397,3 @@ class ModelRunner:
         if not params.has_penalties:  # the history is only read by penalties
             return SampleRow(params, (), (), generator)
         return SampleRow(params, seq.prompt_token_ids, seq.output_token_ids, generator)
-
-
-def _with_drafts(row: SampleRow, drafts: Sequence[int]) -> list[SampleRow]:
-    """The rows of a sequence's last token and each draft: draft j's row has seen drafts < j
-    (penalties read the history)."""
-    if not row.params.has_penalties:
-        return [row] * (1 + len(drafts))
-    output = list(row.output_token_ids)
-    return [
-        replace(row, output_token_ids=output + list(drafts[:j])) for j in range(len(drafts) + 1)
-    ]
-
-
-def _extend_slots(
-    slots: list[int], block_table: list[int], start: int, end: int, size: int
-) -> None:
-    """Append the flat slots of positions [start, end), one run per block touched."""
-    position = start
-    while position < end:
-        block, offset = divmod(position, size)
-        run = min(end, (block + 1) * size) - position
-        first = block_table[block] * size + offset
-        slots.extend(range(first, first + run))
-        position += run

@@ -12,7 +12,7 @@ and truncation (what OpenAI reports, independent of the sampling settings).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -295,3 +295,14 @@ def _logprobs(
         top = list(zip(top_ids[j, :n].tolist(), top_values[j, :n].tolist(), strict=True))
         out[i] = TokenLogprobs(chosen[j], top)
     return out
+
+
+def with_drafts(row: SampleRow, drafts: Sequence[int]) -> list[SampleRow]:
+    """The rows of a sequence's last token and each draft: draft j's row has seen drafts < j
+    (penalties read the history)."""
+    if not row.params.has_penalties:
+        return [row] * (1 + len(drafts))
+    output = list(row.output_token_ids)
+    return [
+        replace(row, output_token_ids=output + list(drafts[:j])) for j in range(len(drafts) + 1)
+    ]

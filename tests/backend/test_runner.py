@@ -9,6 +9,7 @@ from backend.engine.engine_config import EngineConfig, max_model_len, num_cache_
 from backend.engine.request import Request
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
+from backend.engine.step_batch import build_batch
 from backend.generate import logits_for
 from backend.model.cache import ForwardBatch
 from backend.model.model import DeepseekV3ForCausalLM
@@ -94,7 +95,7 @@ def test_batch_mixes_chunks_and_decodes_over_scattered_blocks(
     decode = _seq("a", list(range(2, 9)), [7, 3], greedy)  # 7 tokens, the last one new
     chunk = _seq("b", list(range(20, 31)), [5, 0, 9], greedy)  # tokens 2..9 of 11 this step
     scheduled = [_scheduled(decode, 6, 1), _scheduled(chunk, 2, 8)]
-    batch = runner.build_batch(scheduled)
+    batch = build_batch(scheduled, runner.block_size, runner.device)
     assert batch.input_ids.tolist() == [8, *range(22, 30)]
     assert batch.positions.tolist() == [6, *range(2, 10)]
     expected_slots = ForwardBatch.slots_for([7, 3], 6, 1, 4) + ForwardBatch.slots_for(
