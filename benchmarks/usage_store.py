@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -36,14 +34,19 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from redis.asyncio import Redis  # noqa: E402
-from sqlalchemy import func, select, text  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
+from benchmarks.usage_baselines import (  # noqa: E402
+    by_time_index,
+    layout_before,
+    raw_daily_rows,
+    timed,
+)
 from benchmarks.usage_load import (  # noqa: E402
     DAYS,
     KEYS,
@@ -56,20 +59,9 @@ from benchmarks.usage_load import (  # noqa: E402
 )
 from gateway.config.usage import UsageSettings  # noqa: E402
 from gateway.usage_store.consumer import UsageConsumer  # noqa: E402
-from gateway.usage_store.export_sql import export_sql  # noqa: E402
 from gateway.usage_store.queries import ExportQuery, SummaryQuery  # noqa: E402
-from gateway.usage_store.schema import (  # noqa: E402
-    COUNTERS,
-    DIMENSIONS,
-    SKETCH,
-    SUMS,
-    daily,
-    daily_key_model,
-    sketch_hour,
-)
 from gateway.usage_store.schema import records as records_table  # noqa: E402
 from gateway.usage_store.store import UsageStore  # noqa: E402
-from gateway.usage_store.summary_rows import summary_row  # noqa: E402
 
 
 def line(name: str, value: float, unit: str, target: str, ok: bool) -> None:
@@ -106,87 +98,10 @@ async def ingest(store: UsageStore, n: int, batch_size: int) -> float:
         await redis.aclose()
 
 
-def raw_daily_rows(path: str, start: datetime, end: datetime) -> int:
-    """The 90-day daily summary by key and model's rows, without percentiles (the columns that
-    summary reads), as Python tuples straight from sqlite3 (no grouping, no rows made): what
-    any query path here must at least spend on that answer."""
-    columns = ", ".join(("bucket", "key_id", "model", *COUNTERS, *SUMS))
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        found = conn.execute(
-            f"SELECT {columns} FROM {daily_key_model.name} WHERE bucket >= ? AND bucket < ?",
-            (int(start.timestamp()), int(end.timestamp())),
-        ).fetchall()
-    return len(found)
-
-
 def _progress(done: int, _shown: list[int] = [0]) -> None:  # noqa: B006 (the last million shown)
     if done // 1_000_000 > _shown[0]:
         _shown[0] = done // 1_000_000
         print(f"    loaded {done:,}", flush=True)
-
-
-async def timed(coro_factory: Any, runs: int = 5) -> float:
-    """Median ms of `runs` runs (after one warm-up)."""
-    await coro_factory()
-    times = []
-    for _ in range(runs):
-        began = time.perf_counter()
-        await coro_factory()
-        times.append((time.perf_counter() - began) * 1000)
-    return statistics.median(times)
-
-
-async def layout_before(store: UsageStore, q: SummaryQuery) -> float:
-    """Median ms of `q` (p50/p95 by key over whole days) read as the layout before the sketch
-    tables read it: one statement summing the counters and the histograms of the daily rollup
-    by every dimension (here a copy of `usage_day` with the days of `usage_sketch_hour`'s
-    histograms beside its counters, made for this and dropped after), and the same rows made
-    of it."""
-    assert q.start is not None and q.end is not None and q.interval is None
-    dims = ", ".join(DIMENSIONS)
-    added = (*COUNTERS, *SUMS, *SKETCH)
-    both = ", ".join([*(f"d.{c}" for c in ("bucket", *DIMENSIONS, *COUNTERS, *SUMS))])
-    both += ", " + ", ".join(f"s.{c}" for c in SKETCH)
-    days = ", ".join(f"CAST(sum({c}) AS integer) AS {c}" for c in SKETCH)
-    await store.run(
-        f"CREATE TABLE bench_day_before AS SELECT {both} FROM {daily.name} d JOIN "
-        f"(SELECT bucket - bucket % 86400 AS bucket, {dims}, {days} FROM {sketch_hour.name} "
-        f"GROUP BY 1, {dims}) s USING (bucket, {dims})"
-    )
-    try:
-        await store.run("ANALYZE bench_day_before")
-        sums = ", ".join(f"sum({c})" for c in added)
-        read = text(
-            f"SELECT key_id, {sums} FROM bench_day_before WHERE bucket >= :low AND bucket < :high "
-            "GROUP BY key_id ORDER BY key_id"
-        )
-        bounds = {"low": int(q.start.timestamp()), "high": int(q.end.timestamp())}
-        at = {name: 1 + i for i, name in enumerate(added)}
-        first = at[SKETCH[0]]
-
-        async def before() -> list[dict[str, Any]]:
-            async with store.writer.connect() as conn:
-                found = (await conn.execute(read, bounds)).all()
-            return [summary_row(row, at, q, ["key"], row[first:]) for row in found]
-
-        assert await before() == await store.summary(q)  # the same answer
-        return await timed(before)
-    finally:
-        await store.run("DROP TABLE bench_day_before")
-
-
-def by_time_index(path: str, end: datetime) -> float:
-    """Rows/s of every key's month before `end` as SQLite's export read it before its windows
-    (`export_sql`: one statement, by the index by time, each record looked up)."""
-    q = ExportQuery(start=end - timedelta(days=30), end=end)
-    sql, params = export_sql("sqlite", q, lines=True)
-    began = time.perf_counter()
-    rows = 0
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        cursor = conn.execute(sql, params)
-        while part := cursor.fetchmany(5000):
-            rows += ("\n".join([row[0] for row in part]) + "\n").encode().count(b"\n")
-    return rows / (time.perf_counter() - began)
 
 
 async def export_rate(
